@@ -1,0 +1,138 @@
+"""`edge-agent` command line: demo, run, bench. Exit codes: 0 success, 1 check failed, 2 usage/runtime error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from agent import __version__
+from agent.config import AgentConfig, ConfigError, load_config, parse_config
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
+DEMO_LABELS = ASSETS / "coco.names"
+DEMO_CLIP = ASSETS / "bikes.mp4"
+
+
+def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path | None = None) -> AgentConfig:
+    """The embedded default: bundled NanoDet + street clip, ONNX Runtime on CPU, console output."""
+    data = {
+        "device_id": os.uname().nodename.replace(" ", "-") or "edge-agent",
+        "engine_dir": str(Path.home() / ".cache" / "edge-agent" / "engines"),
+        "models": {
+            "nanodet": {
+                "onnx": str(DEMO_MODEL),
+                "format": "nanodet",
+                "labels": str(DEMO_LABELS),
+                "backend": "onnxruntime",
+                "precision": "fp32",
+            }
+        },
+        "cameras": {
+            "street": {"url": str(clip or DEMO_CLIP), "model": "nanodet", "loop": True, "min_score": 0.4}
+        },
+        "mqtt": {"host": mqtt_host, "port": mqtt_port},
+        "telemetry": {"interval_s": 10},
+        "console": True,
+    }
+    return parse_config(data, "<demo>")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False) -> int:
+    from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
+
+    agent = Agent(cfg, quiet_mqtt=quiet_mqtt)
+    try:
+        agent.start()
+    except (ConfigError, OSError, RuntimeError) as exc:
+        agent.stop()
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+    agent.run_forever()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    cfg = demo_config(args.mqtt_host, args.mqtt_port, Path(args.clip) if args.clip else None)
+    print(
+        f"edge-agent demo: NanoDet-m on {Path(cfg.cameras['street'].url or '').name} with ONNX Runtime (CPU); "
+        f"MQTT to {args.mqtt_host}:{args.mqtt_port} when a broker answers. Ctrl-C stops.",
+        flush=True,
+    )
+    return _run_agent(cfg, quiet_mqtt=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level or cfg.log_level)
+    if args.check_config:
+        print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
+        return 0
+    return _run_agent(cfg)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    from agent.bench import run_bench
+
+    out = Path(args.out)
+    report = run_bench(out, frames_limit=args.frames, threads=args.threads)
+    print(json.dumps({"stages_ms": report["stages_ms"], "fps_sequential": report["fps_sequential"],
+                      "overhead_ms": report["overhead_ms"]}, indent=2))
+    print(f"report: {out / 'bench.json'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT")
+    p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run the bundled model on the bundled clip (no GPU, no broker needed)")
+    d.add_argument("--mqtt-host", default="localhost")
+    d.add_argument("--mqtt-port", type=int, default=1883)
+    d.add_argument("--clip", help="another video file to loop instead of the bundled one")
+    d.add_argument("--log-level", default="warning")
+    d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("run", help="run the daemon")
+    r.add_argument("-c", "--config", required=True)
+    r.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    r.add_argument("--log-level", default=None)
+    r.set_defaults(func=cmd_run)
+
+    b = sub.add_parser("bench", help="per-stage latency benchmark on the bundled clip (JSON report + plot)")
+    b.add_argument("--out", default="bench-out")
+    b.add_argument("--frames", type=int, default=200)
+    b.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    b.add_argument("--log-level", default="warning")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""MQTT topic names and JSON payloads of the edge-agent contract (see DESIGN.md, "MQTT interface").
+
+Everything that ends up on the wire as a topic or a JSON body is built here, so the contract lives in
+one module: ``Topics`` for names, ``payload()`` for bodies.
+
+Serialisation: callers may pass numpy scalars and arrays (detections come straight out of
+post-processing); they are converted through their ``tolist()`` method, which numpy scalars and
+arrays both have, so this module does not need to import numpy. NaN and infinity are rejected
+(``ValueError``): JSON has no such values and strict consumers would choke on them; use ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+# Short name -> full schema name; a typo in a caller must fail loudly rather than publish a bad schema.
+SCHEMAS: dict[str, str] = {
+    name: f"edge-agent/{name}/{SCHEMA_VERSION}"
+    for name in ("status", "camera-state", "detections", "telemetry", "engine", "cmd-result")
+}
+
+_FORBIDDEN = ("+", "#", "/", "\x00")
+
+
+def check_name(value: str, what: str) -> str:
+    """Return ``value`` if it can be one topic level; ValueError naming ``what`` otherwise."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what}: must be a non-empty string, got {value!r}")
+    bad = [c for c in _FORBIDDEN if c in value]
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ValueError(f"{what}: {value!r} contains {shown}; a topic level cannot contain '+', '#' or '/'")
+    return value
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names for one device: ``{prefix}/{device}/...``.
+
+    ``prefix`` may have several levels (``site/edge-agent``) but no wildcards; ``device`` is one level.
+    Per-camera / per-model names are validated on every call (cheap) and cached, because the
+    detections topic is asked for once per frame.
+    """
+
+    prefix: str
+    device: str
+    _cache: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.prefix or self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError(f"prefix: {self.prefix!r} must be non-empty without leading/trailing '/'")
+        for level in self.prefix.split("/"):
+            check_name(level, "prefix")
+        check_name(self.device, "device")
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}/{self.device}"
+
+    @property
+    def status(self) -> str:
+        return f"{self.base}/status"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.base}/telemetry"
+
+    @property
+    def cmd_filter(self) -> str:
+        return f"{self.base}/cmd/+"
+
+    def _named(self, kind: str, name: str, what: str) -> str:
+        key = (kind, name)
+        topic = self._cache.get(key)
+        if topic is None:
+            check_name(name, what)
+            topic = kind.format(base=self.base, name=name)
+            if len(self._cache) < 4096:  # bound the cache: names come from config, but be safe
+                self._cache[key] = topic
+        return topic
+
+    def camera_state(self, camera: str) -> str:
+        return self._named("{base}/cameras/{name}/state", camera, "camera")
+
+    def detections(self, camera: str) -> str:
+        return self._named("{base}/cameras/{name}/detections", camera, "camera")
+
+    def snapshot(self, camera: str) -> str:
+        return self._named("{base}/cameras/{name}/snapshot", camera, "camera")
+
+    def engine(self, model: str) -> str:
+        return self._named("{base}/engines/{name}", model, "model")
+
+    def cmd(self, action: str) -> str:
+        return self._named("{base}/cmd/{name}", action, "action")
+
+    def cmd_result(self, action: str) -> str:
+        return self._named("{base}/cmd/{name}/result", action, "action")
+
+    def action_of(self, topic: str) -> str | None:
+        """The action of an inbound ``{base}/cmd/{action}`` topic, None for any other topic."""
+        head = f"{self.base}/cmd/"
+        if not topic.startswith(head):
+            return None
+        action = topic[len(head) :]
+        return action if action and "/" not in action else None
+
+
+def _to_json(obj: Any) -> Any:
+    # numpy scalars and arrays (and anything else array-like) expose tolist(); sets/tuples -> lists.
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON; numpy values allowed, NaN/inf rejected."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_to_json)
+    return text.encode()
+
+
+def payload(schema_short: str, ts: float | None = None, **fields: Any) -> bytes:
+    """JSON body ``{"schema": "edge-agent/<schema_short>/1", "ts": <unix s>, **fields}`` as bytes.
+
+    ``ts`` defaults to now (``time.time()``); pass it to stamp an event with its own time.
+    """
+    schema = SCHEMAS.get(schema_short)
+    if schema is None:
+        raise ValueError(f"schema: unknown {schema_short!r} (known: {', '.join(sorted(SCHEMAS))})")
+    if "schema" in fields:
+        raise ValueError("fields: 'schema' is set by payload() and cannot be passed")
+    body: dict[str, Any] = {"schema": schema, "ts": time.time() if ts is None else float(ts)}
+    body.update(fields)
+    return dumps(body)

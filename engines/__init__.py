@@ -1,0 +1,1 @@
+"""Device fingerprint, engine store, build, precision and runtimes. Imports nothing of agent/ or pipelines/."""

@@ -1,0 +1,1 @@
+"""Inference runtimes behind one interface (see base.Backend)."""

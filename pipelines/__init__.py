@@ -1,0 +1,1 @@
+"""Sources, pre/post-processing, batching and scheduling. Imports engines/, never agent/."""

@@ -1,0 +1,31 @@
+"""Detector model adapters: preprocessing and output decoding per export format."""
+
+from __future__ import annotations
+
+from engines.runtimes.base import TensorSpec
+from pipelines.models.base import ModelAdapter
+from pipelines.models.nanodet import NanoDetAdapter
+from pipelines.models.yolov5 import YoloV5Adapter
+from pipelines.models.yolov8 import YoloV8Adapter
+
+__all__ = ["ADAPTERS", "ModelAdapter", "NanoDetAdapter", "YoloV5Adapter", "YoloV8Adapter", "make_adapter"]
+
+ADAPTERS: dict[str, type[ModelAdapter]] = {
+    "nanodet": NanoDetAdapter,
+    "yolov8": YoloV8Adapter,
+    "yolo11": YoloV8Adapter,  # YOLO11 detection exports use the YOLOv8 output layout
+    "yolov5": YoloV5Adapter,
+}
+
+_DEFAULT_SIDE = 640  # used for a dynamic (None) H or W, the usual YOLO export size
+
+
+def make_adapter(fmt: str, input_spec: TensorSpec, num_classes: int) -> ModelAdapter:
+    """The adapter for `fmt`, sized from the model's NCHW input (dynamic H/W -> 640)."""
+    cls = ADAPTERS.get(fmt.lower())
+    if cls is None:
+        raise ValueError(f"unknown model format {fmt!r}; valid formats: {', '.join(sorted(ADAPTERS))}")
+    if len(input_spec.shape) != 4:
+        raise ValueError(f"model input {input_spec.name!r} has shape {input_spec.shape}; expected 4-D NCHW")
+    h, w = (d if d is not None else _DEFAULT_SIDE for d in input_spec.shape[2:4])
+    return cls((h, w), num_classes)

@@ -1,0 +1,110 @@
+"""What a detector model needs around the runtime: its input normalisation and its output decoding."""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from pipelines.frames import Detections
+from pipelines.postprocess import nms
+from pipelines.preprocess import Letterbox, letterbox, to_nchw, unletterbox
+
+# One image's decoded candidates before NMS: boxes (K, 4) x1y1x2y2 in network pixels, scores (K,),
+# class ids (K,).
+Candidates = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class ModelAdapter(ABC):
+    """Turns BGR frames into the model's input batch and the model's outputs into Detections.
+
+    Subclasses set the normalisation class attributes and implement `_decode`; thresholding happens
+    in `_decode` (so cheap rejection comes before any box maths), NMS and the mapping back to source
+    pixels are shared here.
+    """
+
+    # Normalisation, applied as (x * scale - mean) / std in the network's channel order.
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    scale: float = 1.0
+    swap_rb: bool = False  # True: network wants RGB (frames are BGR)
+    pad_value: int = 114
+    max_det: int = 300
+
+    def __init__(self, input_hw: tuple[int, int], num_classes: int) -> None:
+        if num_classes <= 0:
+            raise ValueError(f"num_classes must be positive, got {num_classes}")
+        self.input_hw = input_hw
+        self.num_classes = num_classes
+
+    def preprocess(self, images: list[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
+        """Letterbox each BGR frame to the input size and pack them into one NCHW float32 batch."""
+        boxed = [letterbox(img, self.input_hw, self.pad_value) for img in images]
+        batch = to_nchw([b[0] for b in boxed], self.mean, self.std, self.scale, self.swap_rb)
+        return batch, [b[1] for b in boxed]
+
+    def postprocess(
+        self,
+        outputs: dict[str, np.ndarray],
+        letterboxes: list[Letterbox],
+        score_threshold: float,
+        iou_threshold: float = 0.5,
+    ) -> list[Detections]:
+        """Decode, threshold, class-aware NMS, map to source pixels: one Detections per batch item."""
+        per_image = self._decode(outputs, len(letterboxes), score_threshold)
+        results: list[Detections] = []
+        for (boxes, scores, class_ids), lb in zip(per_image, letterboxes, strict=True):
+            if scores.shape[0] == 0:
+                results.append(Detections.empty())
+                continue
+            keep = nms(boxes, scores, class_ids, iou_threshold, self.max_det)
+            results.append(
+                Detections(
+                    unletterbox(boxes[keep], lb),
+                    scores[keep].astype(np.float32, copy=False),
+                    class_ids[keep].astype(np.int32, copy=False),
+                )
+            )
+        return results
+
+    @abstractmethod
+    def _decode(self, outputs: dict[str, np.ndarray], batch: int, score_threshold: float) -> list[Candidates]:
+        """Candidates with score >= score_threshold (best class per box), one entry per batch item."""
+
+    def _split_by_image(
+        self, image_idx: np.ndarray, boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, batch: int
+    ) -> list[Candidates]:
+        """Group flat candidates (tagged with their batch index) into one tuple per image."""
+        if batch == 1:
+            return [(boxes, scores, class_ids)]
+        order = np.argsort(image_idx, kind="stable")
+        bounds = np.searchsorted(image_idx[order], np.arange(batch + 1))
+        return [
+            (boxes[order[a:b]], scores[order[a:b]], class_ids[order[a:b]])
+            for a, b in itertools.pairwise(bounds)
+        ]
+
+
+def cxcywh_to_xyxy(cxcywh: np.ndarray) -> np.ndarray:
+    """(K, 4) centre/size boxes to corner boxes, float32."""
+    half = cxcywh[:, 2:4] * np.float32(0.5)
+    xyxy = np.concatenate([cxcywh[:, 0:2] - half, cxcywh[:, 0:2] + half], axis=1)
+    return xyxy.astype(np.float32, copy=False)
+
+
+def find_output(
+    outputs: dict[str, np.ndarray], model: str, width: int, axes: tuple[int, ...]
+) -> tuple[np.ndarray, int]:
+    """The first 3-D output whose dim `axis` equals `width` (4+nc or 5+nc), trying `axes` in order.
+
+    Returns (array, axis). Matching by shape rather than name keeps exports from different tools
+    (output0, output, 1234) working.
+    """
+    matches = [
+        (arr, axis) for axis in axes for arr in outputs.values() if arr.ndim == 3 and arr.shape[axis] == width
+    ]
+    if not matches:
+        shapes = {name: arr.shape for name, arr in outputs.items()}
+        raise ValueError(f"{model}: no output has a dim of {width} (4/5 + num_classes); outputs: {shapes}")
+    return matches[0]

@@ -1,0 +1,95 @@
+"""NanoDet (GFL head) decoding: per-level class scores + 4 x bins box distributions.
+
+Layout (see shared/models/PROVENANCE.md): for each stride s, a score map [B, N, nc] (already
+sigmoided) and a box map [B, N, 4 * bins] where N = ceil(H/s) * ceil(W/s), anchors row-major.
+Each box side is a softmax over the bins; its expected value x s is the distance from the cell
+centre ((col + 0.5) * s, (row + 0.5) * s) to the left/top/right/bottom edge.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipelines.models.base import Candidates, ModelAdapter
+
+_CANDIDATE_STRIDES = (4, 8, 16, 32, 64, 128)
+
+
+class NanoDetAdapter(ModelAdapter):
+    # The TF.js-converted NanoDet-m takes BGR, mean/std in 0-255 units, no /255 (PROVENANCE.md).
+    mean = np.array([103.53, 116.28, 123.675], dtype=np.float32)
+    std = np.array([57.375, 57.12, 58.395], dtype=np.float32)
+    scale = 1.0
+    swap_rb = False
+    pad_value = 0  # upstream NanoDet letterboxes with a black border (warpAffine default), not 114
+
+    def _levels(self, outputs: dict[str, np.ndarray]) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Pair score and box maps by N (not by name or order) and find each level's stride.
+
+        Returns (stride, grid_w, scores [B, N, nc], box_dist [B, N, 4 * bins]) per level.
+        """
+        by_n: dict[int, dict[str, np.ndarray]] = {}
+        for name, arr in outputs.items():
+            if arr.ndim != 3:
+                raise ValueError(f"nanodet: output {name!r} has shape {arr.shape}, expected [B, N, C]")
+            kind = "scores" if arr.shape[2] == self.num_classes else "boxes"
+            slot = by_n.setdefault(arr.shape[1], {})
+            if kind in slot:
+                raise ValueError(
+                    f"nanodet: two {kind} outputs with N={arr.shape[1]} (is num_classes={self.num_classes} "
+                    f"right?); output shapes: { {k: v.shape for k, v in outputs.items()} }"
+                )
+            slot[kind] = arr
+
+        h, w = self.input_hw
+        levels = []
+        for n, slot in sorted(by_n.items(), reverse=True):
+            if set(slot) != {"scores", "boxes"}:
+                raise ValueError(
+                    f"nanodet: N={n} needs a score map (last dim {self.num_classes}) and a box map; "
+                    f"got {sorted(slot)}; output shapes: { {k: v.shape for k, v in outputs.items()} }"
+                )
+            if slot["boxes"].shape[2] % 4:
+                raise ValueError(
+                    f"nanodet: box map with N={n} has {slot['boxes'].shape[2]} channels, not 4 x bins"
+                )
+            stride = next(
+                (s for s in _CANDIDATE_STRIDES if math.ceil(h / s) * math.ceil(w / s) == n),
+                None,
+            )
+            if stride is None:
+                raise ValueError(f"nanodet: N={n} matches no stride for a {h}x{w} input")
+            levels.append((stride, math.ceil(w / stride), slot["scores"], slot["boxes"]))
+        return levels
+
+    def _decode(self, outputs: dict[str, np.ndarray], batch: int, score_threshold: float) -> list[Candidates]:
+        img_idx, boxes, scores, class_ids = [], [], [], []
+        for stride, grid_w, score_map, box_map in self._levels(outputs):
+            # Reject on the best class score first; only survivors get the softmax and box maths.
+            best = score_map.max(axis=2)  # (B, N)
+            b, a = np.nonzero(best >= score_threshold)
+            if b.size == 0:
+                continue
+            bins = box_map.shape[2] // 4
+            logits = box_map[b, a].reshape(-1, 4, bins)  # (K, 4, bins), a gathered copy
+            logits -= logits.max(axis=2, keepdims=True)  # numerically safe softmax
+            np.exp(logits, out=logits)
+            proj = np.arange(bins, dtype=np.float32)
+            dist = (logits @ proj) / logits.sum(axis=2) * np.float32(stride)  # (K, 4): l, t, r, b
+            cx = ((a % grid_w).astype(np.float32) + 0.5) * stride
+            cy = ((a // grid_w).astype(np.float32) + 0.5) * stride
+            boxes.append(np.stack([cx - dist[:, 0], cy - dist[:, 1], cx + dist[:, 2], cy + dist[:, 3]], 1))
+            scores.append(best[b, a])
+            class_ids.append(score_map[b, a].argmax(axis=1).astype(np.int32))
+            img_idx.append(b)
+        if not img_idx:
+            return [(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))] * batch
+        return self._split_by_image(
+            np.concatenate(img_idx),
+            np.concatenate(boxes).astype(np.float32, copy=False),
+            np.concatenate(scores).astype(np.float32, copy=False),
+            np.concatenate(class_ids),
+            batch,
+        )

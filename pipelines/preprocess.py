@@ -1,0 +1,91 @@
+"""Image -> network tensor: aspect-preserving letterbox, its inverse for boxes, and NCHW packing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Letterbox:
+    """How one source image was placed in the network input: net = src * scale + pad."""
+
+    scale: float
+    pad_x: float  # left padding in network pixels
+    pad_y: float  # top padding in network pixels
+    src_w: int
+    src_h: int
+
+
+def letterbox(image: np.ndarray, size: tuple[int, int], pad_value: int = 114) -> tuple[np.ndarray, Letterbox]:
+    """Resize `image` (HxWx3 uint8) to fit `size` = (h, w) keeping its aspect ratio, centred on padding.
+
+    The result is read-only by convention: at the exact input size it is `image` itself (no copy).
+    """
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"letterbox expects an HxWx3 image, got shape {image.shape}")
+    dst_h, dst_w = size
+    src_h, src_w = image.shape[:2]
+    scale = min(dst_h / src_h, dst_w / src_w)
+    new_w = min(dst_w, max(1, round(src_w * scale)))
+    new_h = min(dst_h, max(1, round(src_h * scale)))
+    left = (dst_w - new_w) // 2
+    top = (dst_h - new_h) // 2
+    lb = Letterbox(scale=scale, pad_x=float(left), pad_y=float(top), src_w=src_w, src_h=src_h)
+
+    if (new_w, new_h) == (dst_w, dst_h):
+        # Exact fit: no canvas needed; resize allocates the one output (or skip it at native size).
+        out = image if (src_w, src_h) == (dst_w, dst_h) else cv2.resize(image, (new_w, new_h))
+        return out, lb
+    out = np.full((dst_h, dst_w, 3), pad_value, dtype=np.uint8)
+    if (new_w, new_h) == (src_w, src_h):
+        out[top : top + new_h, left : left + new_w] = image
+    else:
+        out[top : top + new_h, left : left + new_w] = cv2.resize(
+            image, (new_w, new_h), interpolation=cv2.INTER_LINEAR
+        )
+    return out, lb
+
+
+def unletterbox(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
+    """Map (N, 4) network-space x1y1x2y2 boxes back to source pixels, clipped to the source image."""
+    out = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    pad = np.array([lb.pad_x, lb.pad_y, lb.pad_x, lb.pad_y], dtype=np.float32)
+    out = (out - pad) * np.float32(1.0 / lb.scale)  # new array: the caller's boxes stay untouched
+    np.clip(out[:, 0::2], 0.0, lb.src_w, out=out[:, 0::2])
+    np.clip(out[:, 1::2], 0.0, lb.src_h, out=out[:, 1::2])
+    return out
+
+
+def to_nchw(
+    images: list[np.ndarray],
+    mean: np.ndarray | None,
+    std: np.ndarray | None,
+    scale: float,
+    swap_rb: bool,
+) -> np.ndarray:
+    """Pack same-sized HxWx3 uint8 images into one float32 NCHW batch: (x * scale - mean) / std.
+
+    `mean` and `std` are per channel in the network's channel order (after the optional BGR->RGB swap).
+    """
+    if not images:
+        raise ValueError("to_nchw needs at least one image")
+    h, w = images[0].shape[:2]
+    mean_v = np.zeros(3, np.float32) if mean is None else np.asarray(mean, np.float32).reshape(3)
+    std_v = np.ones(3, np.float32) if std is None else np.asarray(std, np.float32).reshape(3)
+    # Fold the three steps into one multiply-add per element: x * (scale / std) + (-mean / std).
+    mul = (np.float32(scale) / std_v)[:, None, None]
+    add = (-mean_v / std_v)[:, None, None]
+
+    out = np.empty((len(images), 3, h, w), dtype=np.float32)  # the one allocation
+    for i, img in enumerate(images):
+        if img.shape != (h, w, 3):
+            raise ValueError(f"to_nchw: image {i} has shape {img.shape}, expected {(h, w, 3)}")
+        chw = img.transpose(2, 0, 1)  # view, no copy
+        if swap_rb:
+            chw = chw[::-1]  # BGR -> RGB as a view
+        np.multiply(chw, mul, out=out[i])
+        out[i] += add
+    return out

@@ -1,0 +1,3 @@
+"""Shared fixtures: real servers (RTSP, mosquitto) live in their own plugin modules."""
+
+pytest_plugins = ["fixtures_rtsp", "fixtures_mqtt"]

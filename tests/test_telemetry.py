@@ -1,0 +1,114 @@
+"""Telemetry windows, rates, payload and the Prometheus endpoint."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from agent.telemetry import (
+    Metrics,
+    RateCounter,
+    StageWindow,
+    build_telemetry,
+    gpu_stats,
+    process_stats,
+)
+from agent.topics import payload
+
+
+def test_percentiles_of_known_samples() -> None:
+    w = StageWindow()
+    for ms in range(1, 101):
+        w.add("infer", float(ms))
+    w.add_many({"queue": 2.0, "preprocess": None})
+    s = w.summary()
+    assert s["infer"]["n"] == 100
+    expected = np.percentile(np.arange(1, 101), [50, 95, 99])
+    assert [s["infer"][k] for k in ("p50", "p95", "p99")] == pytest.approx(expected, abs=1e-3)
+    assert 50 <= s["infer"]["p50"] <= 51 and 94 <= s["infer"]["p95"] <= 96 and 98 <= s["infer"]["p99"] <= 100
+    assert s["queue"] == {"p50": 2.0, "p95": 2.0, "p99": 2.0, "n": 1}
+    assert "preprocess" not in s
+
+
+def test_summary_resets_the_window() -> None:
+    w = StageWindow()
+    w.add("infer", 10.0)
+    assert w.summary()["infer"]["n"] == 1
+    empty = w.summary()
+    assert empty["infer"] == {"p50": None, "p95": None, "p99": None, "n": 0}
+    w.add("infer", 3.0)
+    assert w.summary(reset=False)["infer"]["p50"] == 3.0
+    assert w.summary()["infer"]["n"] == 1  # reset=False kept it
+
+
+def test_ring_buffer_wraps_and_keeps_the_newest() -> None:
+    w = StageWindow(capacity=10)
+    for ms in range(1, 26):
+        w.add("total", float(ms))
+    s = w.summary()["total"]
+    assert s["n"] == 25
+    assert s["p50"] == pytest.approx(np.percentile(np.arange(16, 26), 50))  # 16..25 survive
+    assert s["p99"] <= 25.0
+
+
+def test_rate_counter_over_a_sliding_window() -> None:
+    now = [1000.0]
+    r = RateCounter(window_s=10, clock=lambda: now[0])
+    for _ in range(100):  # 10 fps for 10 s
+        now[0] += 0.1
+        r.tick()
+    assert r.rate() == pytest.approx(10.0, rel=0.15)
+    assert r.rate() == pytest.approx(r.rate())  # reading does not reset
+    now[0] += 30  # silence longer than the window
+    assert r.rate() == 0.0
+    assert r.total == 100
+
+
+def test_process_and_gpu_stats() -> None:
+    p = process_stats()
+    assert p["rss_mb"] > 1 and p["cpu_percent"] >= 0
+    assert isinstance(gpu_stats(), dict)  # {} without NVML
+
+
+def _fields() -> dict:
+    w = StageWindow()
+    for ms in range(1, 101):
+        w.add("infer", float(ms))
+    return build_telemetry(
+        cameras={"gate": {"fps_in": 25.0, "fps_out": 9.9, "dropped": 3, "frame_age_ms": 41.0}},
+        stages=w.summary(),
+        backend={"detector": "onnxruntime"},
+        batch_fill=0.75,
+        mqtt={"connected": False, "dropped_offline": 7, "queued": 5, "published": 1},
+        gpu={},
+    )
+
+
+def test_telemetry_payload_has_the_design_fields() -> None:
+    d = json.loads(payload("telemetry", **_fields()))
+    assert d["schema"] == "edge-agent/telemetry/1" and isinstance(d["ts"], float)
+    assert set(d) >= {"cameras", "stages", "backend", "batch_fill", "process", "gpu", "mqtt"}
+    assert d["cameras"]["gate"] == {"fps_in": 25.0, "fps_out": 9.9, "dropped": 3, "frame_age_ms": 41.0}
+    assert set(d["stages"]["infer"]) >= {"p50", "p95", "p99"}
+    assert set(d["process"]) == {"cpu_percent", "rss_mb"}
+    assert d["mqtt"] == {"dropped_offline": 7, "queued": 5}
+
+
+def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
+    m, other = Metrics(), Metrics()  # own registries: several instances may coexist
+    m.update(_fields())
+    port = m.start_http(0, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        m.stop_http()
+    line = next(x for x in text.splitlines() if x.startswith("edge_agent_stage_latency_seconds{")
+                and 'stage="infer"' in x and 'quantile="0.5"' in x)
+    assert float(line.split()[-1]) == pytest.approx(0.0505, abs=1e-4)
+    assert 'edge_agent_camera_fps{camera="gate",direction="in"} 25.0' in text
+    assert "edge_agent_mqtt_dropped_offline 7.0" in text
+    assert other.registry is not m.registry
