@@ -56,8 +56,13 @@ def _decode_all(clip: Path, limit: int) -> tuple[list[np.ndarray], list[float]]:
     return frames, times
 
 
-def run_bench(out_dir: Path, frames_limit: int = 200, model: Path | None = None, clip: Path | None = None,
-              threads: int = 0) -> dict:
+def run_bench(
+    out_dir: Path,
+    frames_limit: int = 200,
+    model: Path | None = None,
+    clip: Path | None = None,
+    threads: int = 0,
+) -> dict:
     model = model or ASSETS / "nanodet-m-416.onnx"
     clip = clip or ASSETS / "bikes.mp4"
     labels = load_labels(ASSETS / "coco.names")
@@ -80,11 +85,18 @@ def run_bench(out_dir: Path, frames_limit: int = 200, model: Path | None = None,
         dets = adapter.postprocess(outputs, boxes, score_threshold=0.4)
         t3 = time.perf_counter()
         frame = Frame("bench", i, img, time.time())
-        body = payload("detections", **detection_fields(
-            Result(frame, dets[0], "nanodet", backend.name, backend.precision, 1), labels))
+        body = payload(
+            "detections",
+            **detection_fields(Result(frame, dets[0], "nanodet", backend.name, backend.precision, 1), labels),
+        )
         t4 = time.perf_counter()
         assert body  # keep the serialisation from being optimised into nothing by a future refactor
-        for k, a, b in (("preprocess", t0, t1), ("infer", t1, t2), ("postprocess", t2, t3), ("publish", t3, t4)):
+        for k, a, b in (
+            ("preprocess", t0, t1),
+            ("infer", t1, t2),
+            ("postprocess", t2, t3),
+            ("publish", t3, t4),
+        ):
             stages[k].append((b - a) * 1000)
         if len(recorded) < 64:
             recorded.append({k: v.copy() for k, v in outputs.items()})
@@ -93,8 +105,12 @@ def run_bench(out_dir: Path, frames_limit: int = 200, model: Path | None = None,
     backend.close()
 
     report: dict = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "processor": platform.processor()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "processor": platform.processor(),
+        },
         "model": model.name,
         "clip": clip.name,
         "frames": len(images),
@@ -119,8 +135,9 @@ def run_bench(out_dir: Path, frames_limit: int = 200, model: Path | None = None,
     return report
 
 
-def _overhead(replay: ReplayBackend, adapter: object, labels: list[str], images: list[np.ndarray],
-              rounds: int = 2) -> dict:
+def _overhead(
+    replay: ReplayBackend, adapter: object, labels: list[str], images: list[np.ndarray], rounds: int = 2
+) -> dict:
     published: list[bytes] = []
 
     def sink(result: Result) -> None:

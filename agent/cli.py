@@ -1,4 +1,4 @@
-"""`edge-agent` command line: demo, run, bench. Exit codes: 0 success, 1 check failed, 2 usage/runtime error."""
+"""`edge-agent` command line. Exit codes: 0 success, 1 check/gate failed, 2 usage or runtime error."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path 
             }
         },
         "cameras": {
-            "street": {"url": str(clip or DEMO_CLIP), "model": "nanodet", "loop": True, "min_score": 0.4}
+            "street": {"url": str(clip or DEMO_CLIP), "model": "nanodet", "loop": True, "min_score": 0.4},
         },
         "mqtt": {"host": mqtt_host, "port": mqtt_port},
         "telemetry": {"interval_s": 10},
@@ -68,7 +68,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     cfg = demo_config(args.mqtt_host, args.mqtt_port, Path(args.clip) if args.clip else None)
     print(
-        f"edge-agent demo: NanoDet-m on {Path(cfg.cameras['street'].url or '').name} with ONNX Runtime (CPU); "
+        f"edge-agent demo: NanoDet-m on {Path(cfg.cameras['street'].url or '').name} "
+        "with ONNX Runtime (CPU); "
         f"MQTT to {args.mqtt_host}:{args.mqtt_port} when a broker answers. Ctrl-C stops.",
         flush=True,
     )
@@ -90,14 +91,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     report = run_bench(out, frames_limit=args.frames, threads=args.threads)
-    print(json.dumps({"stages_ms": report["stages_ms"], "fps_sequential": report["fps_sequential"],
-                      "overhead_ms": report["overhead_ms"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "stages_ms": report["stages_ms"],
+                "fps_sequential": report["fps_sequential"],
+                "overhead_ms": report["overhead_ms"],
+            },
+            indent=2,
+        )
+    )
     print(f"report: {out / 'bench.json'}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT")
+    p = argparse.ArgumentParser(
+        prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
+    )
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 

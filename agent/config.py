@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pipelines.sources import mask_url
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -22,8 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from pipelines.sources import mask_url
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # safe inside an MQTT topic level
@@ -130,7 +129,9 @@ class MqttConfig(_Strict):
         try:
             return self.password_file.read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"mqtt.password_file: cannot read {self.password_file}: {exc.strerror}") from None
+            raise ConfigError(
+                f"mqtt.password_file: cannot read {self.password_file}: {exc.strerror}"
+            ) from None
 
 
 class TelemetryConfig(_Strict):
@@ -219,10 +220,7 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     for err in exc.errors(include_url=False, include_input=False):
         loc = ".".join(str(p) for p in err["loc"])
         fmt = _MESSAGES.get(err["type"])
-        if fmt is not None:
-            msg = fmt(err)
-        else:
-            msg = str(err["msg"]).removeprefix("Value error, ")
+        msg = fmt(err) if fmt is not None else str(err["msg"]).removeprefix("Value error, ")
         if msg.startswith(("models.", "cameras.")) and ":" in msg:
             lines.append(f"{source}: {msg}")  # cross-field errors carry their own key path
         else:
@@ -230,8 +228,9 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None,
-                 env: dict[str, str] | None = None) -> AgentConfig:
+def parse_config(
+    data: Any, source: str = "<config>", base_dir: Path | None = None, env: dict[str, str] | None = None
+) -> AgentConfig:
     """Validate a mapping (as loaded from YAML). Relative paths resolve against base_dir."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pipelines.sources import CameraReader, SourceSpec
 
 from agent import __version__
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
@@ -23,7 +24,6 @@ from pipelines.frames import stage_latencies_ms
 from pipelines.models import make_adapter
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
-from pipelines.sources import CameraReader, SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,10 @@ class Agent:
         self._telemetry_thread.start()
         log.info(
             "edge-agent %s started: device %s, %d model(s), %d camera(s)",
-            __version__, cfg.device_id, len(self.workers), len(self.cameras),
+            __version__,
+            cfg.device_id,
+            len(self.workers),
+            len(self.cameras),
         )
 
     def _open_model(self, name: str, mcfg: ModelConfig, sinks: list) -> None:
@@ -197,8 +200,15 @@ class Agent:
         if self.mqtt is None:
             return
         body = payload(
-            "engine", model=model, state="ready", backend=backend.name, precision=backend.precision,
-            fingerprint=None, reasons=[], build_s=None, validation=None,
+            "engine",
+            model=model,
+            state="ready",
+            backend=backend.name,
+            precision=backend.precision,
+            fingerprint=None,
+            reasons=[],
+            build_s=None,
+            validation=None,
         )
         self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
 

@@ -43,13 +43,17 @@ def detection_fields(result: Result, labels: list[str]) -> dict:
 
 def label_counts(result: Result, labels: list[str]) -> Counter[str]:
     ids, counts = np.unique(result.detections.class_ids, return_counts=True)
-    return Counter({(labels[i] if 0 <= i < len(labels) else str(i)): int(n) for i, n in zip(ids, counts)})
+    return Counter(
+        {(labels[i] if 0 <= i < len(labels) else str(i)): int(n) for i, n in zip(ids, counts, strict=True)}
+    )
 
 
 class ConsoleSink:
     """One readable line per camera per interval: fps, latency, labels and counts of the last frame."""
 
-    def __init__(self, labels: dict[str, list[str]], interval_s: float = 1.0, out: TextIO | None = None) -> None:
+    def __init__(
+        self, labels: dict[str, list[str]], interval_s: float = 1.0, out: TextIO | None = None
+    ) -> None:
         self._labels = labels
         self._interval = interval_s
         self._out = out or sys.stdout

@@ -89,7 +89,8 @@ def test_bad_enum_and_several_errors(tmp_path: Path) -> None:
 
 
 def test_batch_order(tmp_path: Path) -> None:
-    path = write(tmp_path, BASE.replace("format: yolov8", "format: yolov8\n    batch: {min: 4, opt: 2, max: 8}"))
+    text = BASE.replace("format: yolov8", "format: yolov8\n    batch: {min: 4, opt: 2, max: 8}")
+    path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=r"models\.detector\.batch: must satisfy min <= opt <= max"):
         load_config(path, env={"GATE_PASSWORD": "x"})
 

@@ -1,4 +1,4 @@
-"""Benchmark runner: `python tools/bench.py [--out DIR]` == `edge-agent bench`. Writes bench.json + bench.png."""
+"""Benchmark runner, same as `edge-agent bench`: `python tools/bench.py [--out DIR]`."""
 
 import sys
 
