@@ -12,7 +12,9 @@ class ReplayBackend(Backend):
 
     name = "replay"
 
-    def __init__(self, input_spec: TensorSpec, recorded: list[dict[str, np.ndarray]], max_batch: int = 64) -> None:
+    def __init__(
+        self, input_spec: TensorSpec, recorded: list[dict[str, np.ndarray]], max_batch: int = 64
+    ) -> None:
         super().__init__("fp32")
         if not recorded:
             raise ValueError("ReplayBackend needs at least one recorded output")
@@ -20,9 +22,7 @@ class ReplayBackend(Backend):
         self._recorded = recorded
         self._max_batch = max_batch
         self._i = 0
-        self._outputs = [
-            TensorSpec(k, (None, *v.shape[1:]), v.dtype) for k, v in recorded[0].items()
-        ]
+        self._outputs = [TensorSpec(k, (None, *v.shape[1:]), v.dtype) for k, v in recorded[0].items()]
 
     @property
     def input_spec(self) -> TensorSpec:

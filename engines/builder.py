@@ -1,0 +1,228 @@
+"""Build a TensorRT / TensorRT-RTX engine from ONNX and store it with its manifest.
+
+    result = build(store, "detector", settings, agent_version="0.1.0", on_progress=cb)
+    result.built        # False: the stored engine already fits ("nothing to do"), unless force=True
+    result.plan_path, result.manifest, result.build_s, result.message
+
+Steps (Polygraphy-style, each a small function): lock -> clean stale temps -> check -> prepare the
+precision -> parse -> configure -> build_serialized_network -> save timing cache -> store.
+A failure raises BuildError/UnavailableError and leaves the store as it was.
+on_progress(phase, step, total) gets coarse phases (parse/build/serialize/save) from this module and,
+where the module has IProgressMonitor, TensorRT's own phases in between.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.compat import BuildSpec, build_spec, check
+from engines.errors import BuildError
+from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.fsutil import atomic_write_bytes
+from engines.manifest import Manifest
+from engines.precision import PreparedModel, prepare_model
+from engines.settings import BuildSettings, profiles_from_json
+from engines.store import EngineStore
+from engines.trt_api import ProgressCallback, TrtApi, import_trt
+
+log = logging.getLogger("engines.builder")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    built: bool
+    key: str
+    plan_path: Path
+    manifest: Manifest | None
+    build_s: float
+    message: str
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TimingCacheInfo:
+    path: Path
+    hit: bool
+    data: bytes  # what was loaded
+
+
+def _noop(phase: str, step: int, total: int) -> None:
+    pass
+
+
+def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
+    """One cache per (flavour, version, GPU); a CPU-only AOT build keys on its target CC."""
+    gpu = fp.gpu_name or "nogpu"
+    raw = f"{fp.trt_flavor}-{fp.trt_version}-{gpu}-sm{fp.compute_capability}"
+    return store.timing_dir / (re.sub(r"[^A-Za-z0-9._-]+", "_", raw) + ".cache")
+
+
+def _parse(api: TrtApi, builder: Any, prepared: PreparedModel, logger: Any) -> tuple[Any, Any]:
+    network = builder.create_network(api.network_flags())
+    if network is None:
+        raise BuildError(f"{api.label} could not create a network: {'; '.join(logger.errors) or 'no reason'}")
+    parser = api.mod.OnnxParser(network, logger)
+    if prepared.model_bytes is not None:
+        ok = parser.parse(prepared.model_bytes)
+    else:
+        # parse_from_file lets the parser find external weights next to the ONNX file.
+        ok = parser.parse_from_file(str(prepared.onnx_path))
+    if not ok or parser.num_errors:
+        errors = api.parser_errors(parser) or logger.errors or ["unknown parser error"]
+        raise BuildError(f"cannot parse ONNX model {prepared.onnx_path}: " + "; ".join(errors))
+    return network, parser  # the parser must outlive the network (it owns the weights)
+
+
+def build_plan(
+    api: TrtApi,
+    prepared: PreparedModel,
+    spec: BuildSpec,
+    *,
+    timing_cache: bytes = b"",
+    on_progress: ProgressCallback = _noop,
+) -> tuple[bytes, Any, int]:
+    """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded)."""
+    logger = api.logger()
+    builder = api.mod.Builder(logger)
+    if builder is None:
+        raise BuildError(f"{api.label} could not create a builder: {'; '.join(logger.errors) or 'no reason'}")
+    on_progress("parse", 0, 1)
+    network, _parser = _parse(api, builder, prepared, logger)
+    on_progress("parse", 1, 1)
+
+    config = builder.create_builder_config()
+    api.set_workspace(config, spec.workspace_bytes)
+    api.set_optimization_level(config, spec.optimization_level)
+    api.set_precision_flag(config, prepared.builder_flag)
+    fp = spec.fingerprint
+    if fp.dla_core is not None:
+        api.set_dla(builder, config, fp.dla_core)
+    # With a GPU build for it (CURRENT); without one, for the target CC (RTX ahead-of-time).
+    api.set_target_compute_capability(config, None if fp.has_gpu else fp.compute_capability)
+    for p in profiles_from_json(spec.profiles):
+        profile = builder.create_optimization_profile()
+        for name, s in p.items():
+            profile.set_shape(name, s.min, s.opt, s.max)
+        config.add_optimization_profile(profile)
+    cache, entries = (None, 0)
+    if api.has_timing_cache:
+        cache, entries = api.attach_timing_cache(config, timing_cache)
+    monitor = api.progress_monitor(on_progress)
+    if monitor is not None:
+        # Keep `monitor` referenced until the build returns: TensorRT holds only a raw pointer.
+        config.progress_monitor = monitor
+
+    on_progress("build", 0, 1)
+    plan = builder.build_serialized_network(network, config)
+    if monitor is not None and monitor.error is not None:
+        raise BuildError(f"build cancelled by the progress callback: {monitor.error}") from monitor.error
+    if plan is None:
+        raise BuildError(
+            f"{api.label} failed to build {prepared.onnx_path}: "
+            + ("; ".join(logger.errors) or "no reason given (see the TensorRT log)")
+        )
+    on_progress("build", 1, 1)
+    on_progress("serialize", 0, 1)
+    data = bytes(memoryview(plan))
+    on_progress("serialize", 1, 1)
+    return data, (config, cache), entries
+
+
+def _save_timing_cache(api: TrtApi, path: Path, handle: Any) -> None:
+    config, cache = handle
+    if cache is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Builds of different models share the cache: merge under a lock so none loses the other's timings.
+    with open(path.with_suffix(".lock"), "a+") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        on_disk = path.read_bytes() if path.exists() else b""
+        atomic_write_bytes(path, api.merged_timing_cache(config, cache, on_disk))
+
+
+def build(
+    store: EngineStore,
+    model: str,
+    settings: BuildSettings,
+    *,
+    fingerprint: Fingerprint | None = None,
+    api: TrtApi | None = None,
+    force: bool = False,
+    on_progress: ProgressCallback | None = None,
+    agent_version: str = "unknown",
+    lock_wait_s: float | None = 0.0,
+) -> BuildResult:
+    """Build (or confirm) the engine of `model`. See the module docstring."""
+    progress = on_progress or _noop
+    api = api or import_trt()
+    fp = fingerprint or probe_fingerprint(api, target_compute_capability=settings.target_compute_capability)
+    with store.lock(model, wait_s=lock_wait_s):
+        stale = store.clean_stale(model)
+        if stale:
+            log.info("removed %d stale temp files of killed builds: %s", len(stale), [p.name for p in stale])
+        reasons: list[str] = []
+        if not force:
+            result = check(store, model, settings, fp)
+            if result.ok:
+                assert result.plan_path is not None
+                return BuildResult(
+                    False,
+                    result.key,
+                    result.plan_path,
+                    result.manifest,
+                    0.0,
+                    f"engine {result.key} of model {model!r} is up to date; nothing to build "
+                    "(use force to rebuild)",
+                )
+            reasons = result.reasons
+        spec = build_spec(settings, fp)
+        if not spec.fingerprint.has_gpu and not api.aot_without_gpu:
+            raise BuildError(f"{api.label} needs a CUDA GPU to build {model!r}; none is visible")
+        prepared = prepare_model(api, settings.onnx, settings.precision)
+        tc_path = timing_cache_path(store, spec.fingerprint)
+        tc_data = tc_path.read_bytes() if tc_path.exists() else b""
+
+        t0 = time.monotonic()
+        plan, tc_handle, entries = build_plan(api, prepared, spec, timing_cache=tc_data, on_progress=progress)
+        build_s = time.monotonic() - t0
+        _save_timing_cache(api, tc_path, tc_handle)
+
+        progress("save", 0, 1)
+        manifest = Manifest(
+            fingerprint=spec.fingerprint.manifest_dict(),
+            build={
+                "onnx_sha256": spec.onnx_sha256,
+                "precision": spec.precision,
+                "profiles": spec.profiles,
+                "workspace_bytes": spec.workspace_bytes,
+                "optimization_level": spec.optimization_level,
+                "calibration": spec.calibration,
+                # hit: the loaded cache really held timings (RTX caches never do: always false there).
+                "timing_cache": {"path": str(tc_path), "hit": bool(tc_data) and entries != 0},
+                "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+                "build_s": round(build_s, 3),
+                "agent_version": agent_version,
+                "plan_sha256": hashlib.sha256(plan).hexdigest(),
+            },
+            validation=None,
+        )
+        stored = store.write(model, spec.key, plan, manifest)
+        progress("save", 1, 1)
+    why = f" ({'; '.join(reasons)})" if reasons else (" (forced)" if force else "")
+    return BuildResult(
+        True,
+        spec.key,
+        store.plan_path(model, spec.key),
+        stored,
+        build_s,
+        f"built engine {spec.key} of model {model!r} in {build_s:.2f} s{why}",
+        reasons,
+    )

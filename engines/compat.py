@@ -1,0 +1,178 @@
+"""Does the stored engine fit this device and this configuration?
+
+    result = check(store, "detector", settings, fingerprint)
+    result.status   # "ok" | "rebuild" | "missing"
+    result.reasons  # ["TensorRT 10.3.0 -> 10.7.0", "ONNX changed", "precision fp32 -> fp16", ...]
+    result.key      # the key the configured build has; result.plan_path when ok
+
+Which manifest is compared: the one whose key the configured build would have, when it exists
+(so reverting a config or TensorRT version finds the previous engine again: rollback without a
+rebuild); otherwise the newest manifest of the model. A plan whose sha256 differs is corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from engines.errors import BuildError, ManifestError
+from engines.fingerprint import Fingerprint
+from engines.manifest import Manifest
+from engines.settings import BuildSettings, onnx_input_shapes, profiles_to_json, resolve_profiles
+from engines.store import EngineStore, sha256_file
+from engines.trt_api import flavor_label
+
+Status = Literal["ok", "rebuild", "missing"]
+KEY_LEN = 16
+
+_sha_memo: dict[tuple[str, int, int], str] = {}
+
+
+def onnx_sha256(path: Path) -> str:
+    """sha256 of the ONNX file, memoised on (path, size, mtime) for repeated checks."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise BuildError(f"ONNX model {path} cannot be read: {e.strerror}") from e
+    memo = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _sha_memo:
+        _sha_memo[memo] = sha256_file(path)
+    return _sha_memo[memo]
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything that decides an engine: the build's fingerprint plus its settings."""
+
+    fingerprint: Fingerprint
+    onnx_sha256: str
+    precision: str
+    profiles: list[dict[str, Any]]
+    workspace_bytes: int
+    optimization_level: int
+    calibration: dict[str, Any] | None = None
+
+    def key_material(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint.key_fields(),
+            "onnx_sha256": self.onnx_sha256,
+            "precision": self.precision,
+            "profiles": self.profiles,
+            "workspace_bytes": self.workspace_bytes,
+            "optimization_level": self.optimization_level,
+            "calibration": self.calibration,
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.key_material(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:KEY_LEN]
+
+
+def build_spec(settings: BuildSettings, fingerprint: Fingerprint) -> BuildSpec:
+    profiles = resolve_profiles(settings, onnx_input_shapes(settings.onnx))
+    return BuildSpec(
+        fingerprint=fingerprint.for_build(settings.dla_core, settings.target_compute_capability),
+        onnx_sha256=onnx_sha256(settings.onnx),
+        precision=settings.precision,
+        profiles=profiles_to_json(profiles),
+        workspace_bytes=settings.workspace_bytes,
+        optimization_level=settings.optimization_level,
+    )
+
+
+def _gpu(fp: dict[str, Any]) -> str:
+    return f"{fp.get('gpu_name') or 'none'} ({fp.get('compute_capability')})"
+
+
+def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
+    """Human-readable reasons why `manifest` does not describe the build `spec` asks for."""
+    old, new = manifest.fingerprint, spec.fingerprint.manifest_dict()
+    b = manifest.build
+    reasons = []
+    if old["trt_flavor"] != new["trt_flavor"]:
+        reasons.append(
+            f"{flavor_label(old['trt_flavor'])} {old['trt_version']} -> "
+            f"{flavor_label(new['trt_flavor'])} {new['trt_version']}"
+        )
+    elif old["trt_version"] != new["trt_version"]:
+        reasons.append(f"{flavor_label(new['trt_flavor'])} {old['trt_version']} -> {new['trt_version']}")
+    if (old["gpu_name"], old["compute_capability"]) != (new["gpu_name"], new["compute_capability"]):
+        reasons.append(f"GPU {_gpu(old)} -> {_gpu(new)}")
+    if old["l4t"] != new["l4t"]:
+        reasons.append(f"L4T {old['l4t'] or 'none'} -> {new['l4t'] or 'none'}")
+    if old["platform"] != new["platform"]:
+        reasons.append(f"platform {old['platform']} -> {new['platform']}")
+    if old["dla_core"] != new["dla_core"]:
+        reasons.append(f"DLA core {old['dla_core']} -> {new['dla_core']}")
+    if b["onnx_sha256"] != spec.onnx_sha256:
+        reasons.append("ONNX changed")
+    if b["precision"] != spec.precision:
+        reasons.append(f"precision {b['precision']} -> {spec.precision}")
+    if b["profiles"] != spec.profiles:
+        reasons.append("profiles changed")
+    if b["workspace_bytes"] != spec.workspace_bytes:
+        reasons.append(f"workspace {b['workspace_bytes']} -> {spec.workspace_bytes} bytes")
+    if b["optimization_level"] != spec.optimization_level:
+        reasons.append(f"optimization level {b['optimization_level']} -> {spec.optimization_level}")
+    if b["calibration"] != spec.calibration:
+        reasons.append("calibration changed")
+    return reasons
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    status: Status
+    reasons: list[str]
+    key: str
+    manifest: Manifest | None = None  # the manifest compared (None when missing)
+    plan_path: Path | None = None  # set when status == "ok"
+    spec: BuildSpec | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def check(store: EngineStore, model: str, settings: BuildSettings, fingerprint: Fingerprint) -> CheckResult:
+    """Compare the stored engine of `model` with the live fingerprint and configured settings.
+
+    Raises BuildError when the ONNX model itself cannot be read (nothing to compare against).
+    """
+    spec = build_spec(settings, fingerprint)
+    key = spec.key
+    try:
+        manifest = store.manifest(model, key)
+    except ManifestError as e:
+        return CheckResult("rebuild", [f"manifest invalid: {e}"], key, None, None, spec)
+    if manifest is None:
+        entries = store.entries(model)
+        if not entries:
+            problems = store.problems(model)
+            if problems:
+                return CheckResult(
+                    "rebuild", [f"manifest invalid: {p}" for p in problems], key, None, None, spec
+                )
+            return CheckResult(
+                "missing",
+                [f"no engine for model {model!r} in {store.model_dir(model)}"],
+                key,
+                None,
+                None,
+                spec,
+            )
+        manifest = entries[0]
+    reasons = differences(manifest, spec)
+    if manifest.key == key:
+        bad_plan = store.verify_plan(model, manifest)
+        if bad_plan:
+            reasons.append(bad_plan)
+    elif not reasons:
+        # Same recorded facts under another key: key scheme or hidden settings changed.
+        reasons.append(f"build settings changed (engine {manifest.key} -> {key})")
+    if reasons:
+        return CheckResult("rebuild", reasons, key, manifest, None, spec)
+    return CheckResult("ok", [], key, manifest, store.plan_path(model, key), spec)

@@ -1,0 +1,127 @@
+"""The engine manifest (`{key}.json` next to `{key}.plan`), schema "edge-agent/engine-manifest/1".
+
+    m = load_manifest(path)        # ManifestError naming the path and the field on any problem
+    m.fingerprint["trt_version"], m.build["precision"], m.to_json()
+
+Fields are exactly DESIGN.md's "Engine store and manifest". `validation` is null until the
+precision issue adds the accuracy gate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engines.errors import ManifestError
+
+SCHEMA = "edge-agent/engine-manifest/1"
+
+_INT = (int,)
+_STR = (str,)
+_NUM = (int, float)
+# field -> (accepted types, nullable)
+FINGERPRINT_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
+    "trt_flavor": (_STR, False),
+    "trt_version": (_STR, False),
+    "gpu_name": (_STR, True),
+    "compute_capability": (_STR, True),
+    "cuda_driver": (_STR, True),
+    "cuda_runtime": (_STR, True),
+    "l4t": (_STR, True),
+    "dla_core": (_INT, True),
+    "platform": (_STR, False),
+}
+BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
+    "onnx_sha256": (_STR, False),
+    "precision": (_STR, False),
+    "profiles": ((list,), False),
+    "workspace_bytes": (_INT, True),
+    "optimization_level": (_INT, True),
+    "calibration": ((dict,), True),
+    "timing_cache": ((dict,), True),
+    "built_at": (_STR, False),
+    "build_s": (_NUM, False),
+    "agent_version": (_STR, False),
+    "plan_sha256": (_STR, False),
+}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    fingerprint: dict[str, Any]
+    build: dict[str, Any]
+    validation: dict[str, Any] | None = None
+    path: Path | None = None
+
+    @property
+    def key(self) -> str | None:
+        return self.path.stem if self.path else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "fingerprint": self.fingerprint,
+            "build": self.build,
+            "validation": self.validation,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+
+def _check(where: str, obj: Any, spec: dict[str, tuple[tuple[type, ...], bool]], prefix: str) -> None:
+    if not isinstance(obj, dict):
+        raise ManifestError(f"manifest {where}: field {prefix!r} must be an object, got {type(obj).__name__}")
+    for name, (types, nullable) in spec.items():
+        field = f"{prefix}.{name}"
+        if name not in obj:
+            raise ManifestError(f"manifest {where}: field {field!r} is missing")
+        value = obj[name]
+        if value is None:
+            if not nullable:
+                raise ManifestError(f"manifest {where}: field {field!r} must not be null")
+            continue
+        # bool is an int subclass: never accept it where a number is meant.
+        if isinstance(value, bool) or not isinstance(value, types):
+            want = "/".join(t.__name__ for t in types)
+            raise ManifestError(f"manifest {where}: field {field!r} must be {want}, got {value!r}")
+
+
+def _check_profiles(where: str, profiles: list[Any]) -> None:
+    for i, p in enumerate(profiles):
+        if not isinstance(p, dict) or not p:
+            raise ManifestError(f"manifest {where}: field 'build.profiles[{i}]' must be a non-empty object")
+        for name, s in p.items():
+            for which in ("min", "opt", "max"):
+                v = s.get(which) if isinstance(s, dict) else None
+                if not isinstance(v, list) or not all(isinstance(d, int) for d in v):
+                    raise ManifestError(
+                        f"manifest {where}: field 'build.profiles[{i}].{name}.{which}' must be a list of ints"
+                    )
+
+
+def manifest_from_dict(data: Any, where: str | Path = "<memory>", path: Path | None = None) -> Manifest:
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest {where}: top level must be a JSON object")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ManifestError(f"manifest {where}: field 'schema' is {schema!r}, expected {SCHEMA!r}")
+    _check(str(where), data.get("fingerprint"), FINGERPRINT_SPEC, "fingerprint")
+    _check(str(where), data.get("build"), BUILD_SPEC, "build")
+    _check_profiles(str(where), data["build"]["profiles"])
+    validation = data.get("validation")
+    if validation is not None and not isinstance(validation, dict):
+        raise ManifestError(f"manifest {where}: field 'validation' must be an object or null")
+    return Manifest(data["fingerprint"], data["build"], validation, path)
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ManifestError(f"manifest {path}: cannot read: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"manifest {path}: not valid JSON: {e}") from e
+    return manifest_from_dict(data, path, path)

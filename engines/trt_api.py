@@ -1,0 +1,361 @@
+"""Every TensorRT version/flavour difference, found by probing the imported module (never by
+comparing version strings elsewhere).
+
+    api = import_trt()            # tensorrt if importable, else tensorrt_rtx; or import_trt("tensorrt_rtx")
+    api = TrtApi(module)          # wrap an already imported module (tests pass `fake_tensorrt`)
+
+The rest of the package calls only TrtApi methods. Each probe answers "does this module have X";
+what cannot be done raises UnavailableError("X is not available on <flavour> <version>"), after
+Polygraphy's `fail_unavailable`.
+
+Facts behind the probes (TensorRT docs; only the tensorrt_rtx paths run on this project's CI):
+- TensorRT <= 9 needs NetworkDefinitionCreationFlag.EXPLICIT_BATCH for ONNX; 10 ignores it; 11 drops it.
+- Weak typing (BuilderFlag.FP16/INT8) exists up to TensorRT 10; TensorRT 11 and TensorRT-RTX are strongly
+  typed only, so reduced precision must be in the ONNX graph (see engines.precision).
+- set_memory_pool_limit appeared in 8.4, max_workspace_size was removed in 10.
+- TensorRT-RTX builds ahead of time without a GPU for the compute capabilities set on the config;
+  its timing-cache calls are no-ops (kept, and recorded honestly as "no hit").
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NoReturn
+
+import numpy as np
+
+from engines.errors import UnavailableError
+
+log = logging.getLogger("engines.trt")
+
+FLAVORS = ("tensorrt", "tensorrt_rtx")
+_LABELS = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+def flavor_label(flavor: str | None) -> str:
+    """Human name of a flavour: "TensorRT" / "TensorRT-RTX"."""
+    return _LABELS.get(flavor or "", str(flavor))
+
+
+def import_trt(flavor: str | None = None) -> TrtApi:
+    """Import TensorRT: the given flavour, or `tensorrt` then `tensorrt_rtx` when None."""
+    names = [flavor] if flavor else list(FLAVORS)
+    problems = []
+    for name in names:
+        if name not in FLAVORS:
+            raise UnavailableError(f"unknown TensorRT flavour {name!r} (expected one of {list(FLAVORS)})")
+        try:
+            return TrtApi(importlib.import_module(name), name)
+        except ImportError as e:
+            problems.append(f"{name}: {e}")
+    raise UnavailableError("no TensorRT module is importable (" + "; ".join(problems) + ")")
+
+
+@dataclass(frozen=True)
+class IoTensor:
+    """One engine IO tensor as the runtime sees it (shape -1 = dynamic)."""
+
+    name: str
+    is_input: bool
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    # (min, opt, max) of profile 0 for inputs, None for outputs.
+    profile: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None
+
+
+class TrtApi:
+    """A TensorRT module plus probes of what it can do."""
+
+    def __init__(self, module: ModuleType, flavor: str | None = None) -> None:
+        self.mod = module
+        name = flavor or module.__name__.split(".")[0]
+        # Fakes and renamed imports: a module with ComputeCapability is an RTX-style (AOT) builder.
+        if name not in FLAVORS:
+            name = "tensorrt_rtx" if hasattr(module, "ComputeCapability") else "tensorrt"
+        self.flavor: str = name
+        self.version: str = str(getattr(module, "__version__", "unknown"))
+
+    # --- identity -------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return f"{flavor_label(self.flavor)} {self.version}"
+
+    def fail_unavailable(self, what: str) -> NoReturn:
+        raise UnavailableError(f"{what} is not available on {self.flavor} {self.version}")
+
+    # --- probes ---------------------------------------------------------------------------
+    def _has(self, obj_name: str, attr: str) -> bool:
+        return hasattr(getattr(self.mod, obj_name, None), attr)
+
+    @property
+    def weakly_typed(self) -> bool:
+        """True where the builder chooses precisions from flags (FP16 flag exists: TensorRT <= 10)."""
+        return self._has("BuilderFlag", "FP16")
+
+    @property
+    def strongly_typed(self) -> bool:
+        """True where networks must carry their precision in the graph (TensorRT 11, TensorRT-RTX)."""
+        return not self.weakly_typed
+
+    @property
+    def aot_without_gpu(self) -> bool:
+        """Builds for a target compute capability without a GPU (TensorRT-RTX)."""
+        return self._has("IBuilderConfig", "set_compute_capability") and self._has(
+            "ComputeCapability", "NONE"
+        )
+
+    @property
+    def has_progress_monitor(self) -> bool:
+        return hasattr(self.mod, "IProgressMonitor") and self._has("IBuilderConfig", "progress_monitor")
+
+    @property
+    def has_dla(self) -> bool:
+        return self._has("DeviceType", "DLA") and self._has("IBuilderConfig", "DLA_core")
+
+    def precisions(self) -> list[str]:
+        """Precisions this module can build now (the precision issue adds int8/best)."""
+        return ["fp32", "fp16"]
+
+    # --- logging --------------------------------------------------------------------------
+    def logger(self) -> Any:
+        """A TensorRT logger that forwards to Python logging and keeps errors for messages."""
+        base = getattr(self.mod, "ILogger", object)
+        severity = getattr(self.mod.ILogger, "Severity", None) if hasattr(self.mod, "ILogger") else None
+
+        class CaptureLogger(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)
+                self.errors: list[str] = []
+
+            def log(self, sev: Any, msg: str) -> None:
+                # Severity is an enum ordered INTERNAL_ERROR(0) < ERROR(1) < WARNING(2) < INFO < VERBOSE.
+                level = int(sev) if severity is not None else 1
+                if level <= 1:
+                    self.errors.append(msg)
+                    log.error("%s", msg)
+                elif level == 2:
+                    log.warning("%s", msg)
+                else:
+                    log.debug("%s", msg)
+
+        return CaptureLogger()
+
+    # --- network --------------------------------------------------------------------------
+    def network_flags(self) -> int:
+        flags = 0
+        ndcf = getattr(self.mod, "NetworkDefinitionCreationFlag", None)
+        # Required on TensorRT <= 9, ignored (deprecated) on 10, absent on 11 and RTX.
+        if hasattr(ndcf, "EXPLICIT_BATCH"):
+            flags |= 1 << int(ndcf.EXPLICIT_BATCH)
+        # Required where weak typing is gone; the flag itself may be gone too (always strong then).
+        if self.strongly_typed and hasattr(ndcf, "STRONGLY_TYPED"):
+            flags |= 1 << int(ndcf.STRONGLY_TYPED)
+        return flags
+
+    def parser_errors(self, parser: Any) -> list[str]:
+        """Parser errors as text, naming node and op where the parser reports them."""
+        out = []
+        for i in range(parser.num_errors):
+            err = parser.get_error(i)
+            desc = err.desc() if hasattr(err, "desc") else str(err)
+            node = err.node() if hasattr(err, "node") else -1
+            parts = []
+            # node_name()/node_operator() arrived in TensorRT 10; older parsers only give the index.
+            name = err.node_name() if hasattr(err, "node_name") else ""
+            op = err.node_operator() if hasattr(err, "node_operator") else ""
+            if name or op:
+                parts.append(f"node {name or node!s} (op {op or '?'})")
+            elif isinstance(node, int) and node >= 0:
+                parts.append(f"node #{node}")
+            code = err.code() if hasattr(err, "code") else None
+            code_s = str(code).split(".")[-1] if code is not None else ""
+            out.append(": ".join([*parts, *([code_s] if code_s else []), desc]))
+        return out
+
+    # --- builder config -------------------------------------------------------------------
+    def set_workspace(self, config: Any, nbytes: int) -> None:
+        if hasattr(config, "set_memory_pool_limit") and self._has("MemoryPoolType", "WORKSPACE"):
+            config.set_memory_pool_limit(self.mod.MemoryPoolType.WORKSPACE, int(nbytes))
+        elif hasattr(config, "max_workspace_size"):  # TensorRT < 8.4
+            config.max_workspace_size = int(nbytes)
+        else:
+            self.fail_unavailable("a workspace limit")
+
+    def set_optimization_level(self, config: Any, level: int) -> None:
+        if hasattr(config, "builder_optimization_level"):
+            config.builder_optimization_level = int(level)
+        elif level != 3:  # 3 is the default where the knob exists; older builders behave like it
+            self.fail_unavailable(f"builder optimization level {level}")
+
+    def set_precision_flag(self, config: Any, precision: str) -> None:
+        """Weakly typed builders only: allow `precision` kernels (fp32 needs no flag)."""
+        if precision == "fp32":
+            return
+        flag = getattr(getattr(self.mod, "BuilderFlag", None), precision.upper(), None)
+        if flag is None or not self.weakly_typed:
+            self.fail_unavailable(f"the {precision.upper()} builder flag")
+        config.set_flag(flag)
+
+    def set_dla(self, builder: Any, config: Any, core: int) -> None:
+        """Run on DLA core `core`, with GPU fallback for layers DLA cannot run."""
+        if not self.has_dla:
+            self.fail_unavailable("DLA")
+        cores = int(getattr(builder, "num_DLA_cores", 0))
+        if core >= cores:
+            raise UnavailableError(
+                f"DLA core {core} requested but {self.flavor} {self.version} reports {cores} DLA cores here"
+            )
+        config.default_device_type = self.mod.DeviceType.DLA
+        config.DLA_core = int(core)
+        if not self._has("BuilderFlag", "GPU_FALLBACK"):
+            self.fail_unavailable("DLA GPU fallback")
+        config.set_flag(self.mod.BuilderFlag.GPU_FALLBACK)
+
+    def compute_capabilities(self) -> list[str]:
+        """Compute capabilities an AOT builder can target, as "8.6" strings."""
+        cc_enum = getattr(self.mod, "ComputeCapability", None)
+        out = []
+        for name in dir(cc_enum):
+            if name.startswith("SM") and name[2:].isdigit():
+                digits = name[2:]
+                out.append(f"{digits[:-1]}.{digits[-1]}")
+        return sorted(out, key=lambda s: tuple(int(p) for p in s.split(".")))
+
+    def set_target_compute_capability(self, config: Any, cc: str | None) -> None:
+        """AOT target: `cc` ("8.6"), or None for the GPU present (CURRENT). No-op without AOT support."""
+        if not self.aot_without_gpu:
+            return
+        cc_enum = self.mod.ComputeCapability
+        if cc is None:
+            value = cc_enum.CURRENT
+        else:
+            value = getattr(cc_enum, "SM" + cc.replace(".", ""), None)
+            if value is None:
+                raise UnavailableError(
+                    f"compute capability {cc} is not available on {self.flavor} {self.version} "
+                    f"(targets: {', '.join(self.compute_capabilities())})"
+                )
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(value, 0)
+
+    def progress_monitor(self, callback: ProgressCallback) -> Any | None:
+        """An IProgressMonitor forwarding phase start/step/finish to callback, or None if absent."""
+        if not self.has_progress_monitor:
+            return None
+        base = self.mod.IProgressMonitor
+
+        class Monitor(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)
+                self.totals: dict[str, int] = {}
+                self.error: BaseException | None = None
+
+            def _emit(self, phase: str, step: int, total: int) -> None:
+                # An exception escaping into TensorRT's C++ caller would abort the build obscurely.
+                try:
+                    callback(phase, step, total)
+                except BaseException as e:
+                    self.error = e
+
+            def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+                self.totals[phase_name] = int(num_steps)
+                self._emit(phase_name, 0, int(num_steps))
+
+            def step_complete(self, phase_name: str, step: int) -> bool:
+                self._emit(phase_name, int(step) + 1, self.totals.get(phase_name, 0))
+                return self.error is None  # False cancels the build
+
+            def phase_finish(self, phase_name: str) -> None:
+                total = self.totals.get(phase_name, 0)
+                self._emit(phase_name, total, total)
+
+        return Monitor()
+
+    # --- timing cache ---------------------------------------------------------------------
+    @contextmanager
+    def _quiet(self) -> Iterator[None]:
+        # TensorRT-RTX warns DeprecationWarning on timing-cache calls (no-ops there); the path is kept.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+
+    @property
+    def has_timing_cache(self) -> bool:
+        return self._has("IBuilderConfig", "create_timing_cache") and self._has(
+            "IBuilderConfig", "set_timing_cache"
+        )
+
+    def attach_timing_cache(self, config: Any, data: bytes) -> tuple[Any, int]:
+        """Create a cache from `data` (may be empty), attach it; return (cache, entries it holds)."""
+        with self._quiet():
+            cache = config.create_timing_cache(data)
+            if cache is None:  # unreadable or from another version: start empty
+                cache = config.create_timing_cache(b"")
+            config.set_timing_cache(cache, False)
+            return cache, self.timing_cache_entries(cache)
+
+    def timing_cache_entries(self, cache: Any) -> int:
+        # queryKeys (TensorRT >= 10) says whether a cache really holds timings; RTX's holds none.
+        if not hasattr(cache, "queryKeys"):
+            return -1  # unknown
+        with self._quiet():
+            return len(cache.queryKeys())
+
+    def merged_timing_cache(self, config: Any, cache: Any, on_disk: bytes) -> bytes:
+        """Serialise `cache` merged with what another build saved meanwhile."""
+        with self._quiet():
+            if on_disk:
+                other = config.create_timing_cache(on_disk)
+                if other is not None:
+                    cache.combine(other, True)
+            return bytes(memoryview(cache.serialize()))
+
+    # --- runtime --------------------------------------------------------------------------
+    def deserialize(self, plan: bytes, logger: Any) -> tuple[Any, Any]:
+        """(runtime, engine); engine is None when TensorRT refuses the plan (see logger.errors)."""
+        runtime = self.mod.Runtime(logger)
+        return runtime, runtime.deserialize_cuda_engine(plan)
+
+    def _nptype(self, trt_dtype: Any) -> np.dtype:
+        if hasattr(self.mod, "nptype"):
+            return np.dtype(self.mod.nptype(trt_dtype))
+        names = {
+            "FLOAT": np.float32,
+            "HALF": np.float16,
+            "INT8": np.int8,
+            "INT32": np.int32,
+            "INT64": np.int64,
+            "BOOL": np.bool_,
+            "UINT8": np.uint8,
+        }
+        return np.dtype(names[str(trt_dtype).split(".")[-1]])
+
+    def io_tensors(self, engine: Any) -> list[IoTensor]:
+        if not hasattr(engine, "num_io_tensors"):  # TensorRT < 8.5 only had bindings
+            self.fail_unavailable("the named IO tensor API (num_io_tensors)")
+        out = []
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            is_input = engine.get_tensor_mode(name) == self.mod.TensorIOMode.INPUT
+            profile = None
+            if is_input:
+                mn, opt, mx = engine.get_tensor_profile_shape(name, 0)
+                profile = (tuple(mn), tuple(opt), tuple(mx))
+            out.append(
+                IoTensor(
+                    name,
+                    is_input,
+                    tuple(engine.get_tensor_shape(name)),
+                    self._nptype(engine.get_tensor_dtype(name)),
+                    profile,
+                )
+            )
+        return out
