@@ -193,13 +193,17 @@ def _expand_env(node: Any, path: str, source: str, env: dict[str, str]) -> Any:
     return node
 
 
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 _MESSAGES = {
     "extra_forbidden": lambda e: "unknown key",
     "missing": lambda e: "required key is missing",
-    "greater_than": lambda e: f"must be > {e['ctx']['gt']}",
-    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']}",
-    "less_than": lambda e: f"must be < {e['ctx']['lt']}",
-    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']}",
+    "greater_than": lambda e: f"must be > {_num(e['ctx']['gt'])}",
+    "greater_than_equal": lambda e: f"must be >= {_num(e['ctx']['ge'])}",
+    "less_than": lambda e: f"must be < {_num(e['ctx']['lt'])}",
+    "less_than_equal": lambda e: f"must be <= {_num(e['ctx']['le'])}",
     "literal_error": lambda e: f"must be one of {e['ctx']['expected']}",
     "int_parsing": lambda e: "must be an integer",
     "int_type": lambda e: "must be an integer",

@@ -286,7 +286,7 @@ class Agent:
         self._stop.set()
         t0 = time.monotonic()
         for cam in self.cameras.values():
-            cam.reader.stop()  # signals only; joined below so slow cameras stop in parallel
+            cam.reader.stop(timeout=0)  # signal only; joined below so slow cameras stop in parallel
         for worker in self.workers.values():
             worker.stop(timeout=2.0)
         for cam in self.cameras.values():

@@ -62,6 +62,8 @@ class _DemotePahoErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING and not str(record.msg).startswith("Caught exception"):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            # The level check ran before this filter: drop the demoted record unless DEBUG is on.
+            return _paho_log.isEnabledFor(logging.DEBUG)
         return True
 
 
