@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
+from engines.errors import EngineError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
@@ -48,6 +49,9 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if logging.getLogger().level > logging.INFO:
+        # TensorRT's builder warnings (reshape placeholders, kOPT guesses) are noise unless asked for.
+        logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
 def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False) -> int:
@@ -105,6 +109,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level)
+    from agent.engine_cli import run_check
+
+    return run_check(cfg, args.model, args.json)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level)
+    from agent.engine_cli import run_rebuild
+
+    return run_rebuild(cfg, args.model, args.force, args.precision, args.wait)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
@@ -125,6 +145,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", default=None)
     r.set_defaults(func=cmd_run)
 
+    c = sub.add_parser(
+        "check", help="check every engine against this device (exit 0 fit, 1 rebuild, 2 error)"
+    )
+    c.add_argument("-c", "--config", required=True)
+    c.add_argument("--model")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--log-level", default="warning")
+    c.set_defaults(func=cmd_check)
+
+    rb = sub.add_parser("rebuild", help="build engines that do not fit (or all with --force); daemon may run")
+    rb.add_argument("-c", "--config", required=True)
+    rb.add_argument("--model")
+    rb.add_argument("--force", action="store_true", help="build even if the stored engine fits")
+    rb.add_argument("--precision", choices=["fp32", "fp16", "int8", "best"])
+    rb.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for another build of the same model (default: fail at once)",
+    )
+    rb.add_argument("--log-level", default="warning")
+    rb.set_defaults(func=cmd_rebuild)
+
     b = sub.add_parser("bench", help="per-stage latency benchmark on the bundled clip (JSON report + plot)")
     b.add_argument("--out", default="bench-out")
     b.add_argument("--frames", type=int, default=200)
@@ -138,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except (ConfigError, EngineError) as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

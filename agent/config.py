@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pipelines.sources import mask_url
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,6 +22,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from pipelines.sources import mask_url
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # safe inside an MQTT topic level
@@ -64,6 +65,15 @@ class ThreadsConfig(_Strict):
     inter: int = Field(0, ge=0)
 
 
+class EngineConfig(_Strict):
+    workspace_mb: int = Field(1024, gt=0, description="TensorRT builder workspace limit")
+    optimization_level: int = Field(3, ge=0, le=5)
+    dla_core: int | None = Field(None, ge=0, description="Jetson DLA core (GPU fallback on)")
+    target_compute_capability: str | None = Field(
+        None, pattern=r"^\d+\.\d+$", description="TensorRT-RTX ahead-of-time target where no GPU is visible"
+    )
+
+
 class ModelConfig(_Strict):
     onnx: Path
     format: Literal["nanodet", "yolov8", "yolo11", "yolov5", "efficient_nms"] = "yolov8"
@@ -75,6 +85,7 @@ class ModelConfig(_Strict):
     accuracy_gate: AccuracyGateConfig = AccuracyGateConfig()
     iou_threshold: float = Field(0.5, gt=0.0, le=1.0)
     threads: ThreadsConfig = ThreadsConfig()
+    engine: EngineConfig = EngineConfig()
 
 
 class CameraConfig(_Strict):
@@ -216,6 +227,7 @@ _MESSAGES = {
     "dict_type": lambda e: "must be a mapping",
     "model_type": lambda e: "must be a mapping",
     "list_type": lambda e: "must be a list",
+    "string_pattern_mismatch": lambda e: f"must match {e['ctx']['pattern']}",
 }
 
 

@@ -10,20 +10,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pipelines.sources import CameraReader, SourceSpec
 
 from agent import __version__
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
+from agent.engine_manager import EngineManager
 from agent.mqtt import MqttClient
 from agent.results import ConsoleSink, detection_fields
 from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
 from engines.runtimes.base import Backend
-from engines.runtimes.ort import OrtBackend
 from pipelines.frames import stage_latencies_ms
 from pipelines.models import make_adapter
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
+from pipelines.sources import CameraReader, SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,6 @@ class CameraRuntime:
     fps_in: RateCounter = field(default_factory=RateCounter)
     fps_out: RateCounter = field(default_factory=RateCounter)
     last_frame_in: int = 0
-
-
-def open_backend(name: str, cfg: ModelConfig) -> Backend:
-    """The runtime for a model. TensorRT runtimes arrive with the engine lifecycle; until then ORT."""
-    if cfg.backend in ("tensorrt", "tensorrt_rtx"):
-        raise ConfigError(f"models.{name}.backend: '{cfg.backend}' is not available in this build yet")
-    backend = OrtBackend(str(cfg.onnx), intra_threads=cfg.threads.intra, inter_threads=cfg.threads.inter)
-    backend.load()
-    return backend
 
 
 def class_mask(cam_name: str, cam: CameraConfig, labels: list[str], labels_src: str) -> np.ndarray | None:
@@ -79,6 +70,7 @@ class Agent:
         self._quiet_mqtt = quiet_mqtt
         self._console = ConsoleSink(self.labels) if (cfg.console if console is None else console) else None
         self._telemetry_thread: threading.Thread | None = None
+        self.engines = EngineManager(cfg, self._publish_engine, self._swap_backend, __version__)
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -107,7 +99,9 @@ class Agent:
             if cam.enabled:
                 self._open_camera(cam_name, cam)
         if self.mqtt is not None:
+            self.mqtt.on_command("rebuild", self._cmd_rebuild)
             self.mqtt.start()
+        self.engines.start()
         for worker in self.workers.values():
             worker.start()
         for cam in self.cameras.values():
@@ -125,14 +119,13 @@ class Agent:
         )
 
     def _open_model(self, name: str, mcfg: ModelConfig, sinks: list) -> None:
-        backend = open_backend(name, mcfg)
+        backend = self.engines.open(name, mcfg)
         labels = load_labels(mcfg.labels) if mcfg.labels is not None else []
         self.labels[name] = labels
         adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
         self.workers[name] = ModelWorker(
             name, backend, adapter, sinks, iou_threshold=mcfg.iou_threshold, max_batch=mcfg.batch.max
         )
-        self._publish_engine(name, backend)
 
     def _open_camera(self, name: str, cam: CameraConfig) -> None:
         worker = self.workers[cam.model]
@@ -196,21 +189,38 @@ class Agent:
             body = payload("status", **self._status_fields())
             self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
 
-    def _publish_engine(self, model: str, backend: Backend) -> None:
+    def _publish_engine(self, model: str, fields: dict) -> None:
         if self.mqtt is None:
             return
-        body = payload(
-            "engine",
-            model=model,
-            state="ready",
-            backend=backend.name,
-            precision=backend.precision,
-            fingerprint=None,
-            reasons=[],
-            build_s=None,
-            validation=None,
-        )
+        body = payload("engine", model=model, **fields)
         self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
+
+    def _swap_backend(self, model: str, backend: Backend) -> None:
+        """Hot swap between two batches; cameras and slots stay as they are."""
+        old = self.workers[model].swap_backend(backend)
+        log.info("model %s: now served by %s (%s), was %s", model, backend.name, backend.precision, old.name)
+        old.close()
+
+    def _cmd_rebuild(self, args: dict) -> dict:
+        """MQTT cmd/rebuild {model?, force?, precision?}: starts builds, answers at once; progress and
+        the outcome follow on the engine state topics."""
+        known = self.engines.models
+        model = args.get("model")
+        if model is not None and model not in known:
+            raise ValueError(f"field 'model': unknown or not a TensorRT model {model!r} (known: {known})")
+        force = args.get("force", False)
+        if not isinstance(force, bool):
+            raise ValueError("field 'force': must be true or false")
+        precision = args.get("precision")
+        if precision is not None and precision not in ("fp32", "fp16", "int8", "best"):
+            raise ValueError("field 'precision': must be one of fp32, fp16, int8, best")
+        unknown = sorted(set(args) - {"model", "force", "precision"})
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}")
+        targets = [model] if model else known
+        started = [m for m in targets if self.engines.rebuild(m, force=force, precision=precision)]
+        busy = [m for m in targets if m not in started]
+        return {"started": started, "already_building": busy}
 
     def _publish_sink(self, result: Result) -> None:
         result.frame.stamp("published")
@@ -289,6 +299,7 @@ class Agent:
             cam.reader.stop(timeout=0)  # signal only; joined below so slow cameras stop in parallel
         for worker in self.workers.values():
             worker.stop(timeout=2.0)
+        self.engines.close()
         for cam in self.cameras.values():
             cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
         for worker in self.workers.values():

@@ -332,8 +332,9 @@ class MqttClient:
                 self._last_refusal = name
                 self._outage_logged = True
             if first:
-                log.log(self._warn, "MQTT broker %s:%d refused the connection: %s",
-                        self.host, self.port, name)
+                log.log(
+                    self._warn, "MQTT broker %s:%d refused the connection: %s", self.host, self.port, name
+                )
             return
         try:
             self._reclaim_unacked()
@@ -360,8 +361,13 @@ class MqttClient:
             down = None if self._down_since is None else time.monotonic() - self._down_since
             self._down_since = None
         if reconnect:
-            log.log(self._info, "MQTT connection to %s:%d restored after %.1f s",
-                    self.host, self.port, down or 0.0)
+            log.log(
+                self._info,
+                "MQTT connection to %s:%d restored after %.1f s",
+                self.host,
+                self.port,
+                down or 0.0,
+            )
         else:
             log.log(self._info, "MQTT connected to %s:%d", self.host, self.port)
 
@@ -422,7 +428,9 @@ class MqttClient:
             log.log(
                 self._warn,
                 "MQTT broker %s:%d not reachable; retrying in the background, queueing up to %d events",
-                self.host, self.port, self._events.maxlen,
+                self.host,
+                self.port,
+                self._events.maxlen,
             )
 
     def _on_disconnect(
@@ -441,7 +449,10 @@ class MqttClient:
             log.log(
                 self._warn,
                 "MQTT connection to %s:%d lost (%s); retrying in the background, queueing up to %d events",
-                self.host, self.port, why, self._events.maxlen,
+                self.host,
+                self.port,
+                why,
+                self._events.maxlen,
             )
 
     # ---- commands ----------------------------------------------------------------------------
@@ -494,7 +505,7 @@ class MqttClient:
                 raise TypeError(f"handler returned {type(result).__name__}, expected a dict or None")
         except Exception as exc:
             log.warning("command %s failed: %s", action, exc, exc_info=True)
-            self._reply(action, request_id, str(exc) or type(exc).__name__)
+            self._reply(action, request_id, f"{self.topics.cmd(action)}: {exc or type(exc).__name__}")
             return
         self._reply(action, request_id, None, dict(result or {}))
 
@@ -509,6 +520,11 @@ class MqttClient:
         try:
             data = payload("cmd-result", **body)
         except (TypeError, ValueError) as exc:  # a handler returned something JSON cannot carry
-            data = payload("cmd-result", action=action, ok=False, error=f"result not serialisable: {exc}",
-                           request_id=request_id)
+            data = payload(
+                "cmd-result",
+                action=action,
+                ok=False,
+                error=f"result not serialisable: {exc}",
+                request_id=request_id,
+            )
         self.publish(self.topics.cmd_result(action), data, qos=1, kind="event")

@@ -221,8 +221,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r, ns = self.registry, namespace
         self.stage_latency = Gauge(
-            "stage_latency_seconds", "Per-stage latency quantile over the last telemetry window",
-            ["stage", "quantile"], namespace=ns, registry=r,
+            "stage_latency_seconds",
+            "Per-stage latency quantile over the last telemetry window",
+            ["stage", "quantile"],
+            namespace=ns,
+            registry=r,
         )
         self.stage_samples = Counter(
             "stage_samples", "Latency samples recorded per stage", ["stage"], namespace=ns, registry=r
@@ -231,8 +234,11 @@ class Metrics:
             "camera_fps", "Frames per second", ["camera", "direction"], namespace=ns, registry=r
         )
         self.camera_dropped = Gauge(
-            "camera_dropped_frames", "Frames dropped (latest frame wins), as reported", ["camera"],
-            namespace=ns, registry=r,
+            "camera_dropped_frames",
+            "Frames dropped (latest frame wins), as reported",
+            ["camera"],
+            namespace=ns,
+            registry=r,
         )
         self.camera_frame_age = Gauge(
             "camera_frame_age_seconds", "Age of the newest frame", ["camera"], namespace=ns, registry=r
@@ -247,8 +253,10 @@ class Metrics:
         self.gpu_mem = Gauge("gpu_memory_used_bytes", "GPU memory used", ["gpu"], namespace=ns, registry=r)
         self.gpu_temp = Gauge("gpu_temperature_celsius", "GPU temperature", ["gpu"], namespace=ns, registry=r)
         self.mqtt_dropped = Gauge(
-            "mqtt_dropped_offline", "Events dropped while the broker was unreachable (since start)",
-            namespace=ns, registry=r,
+            "mqtt_dropped_offline",
+            "Events dropped while the broker was unreachable (since start)",
+            namespace=ns,
+            registry=r,
         )
         self.mqtt_queued = Gauge("mqtt_queued", "Events queued for the broker", namespace=ns, registry=r)
         self._server: Any = None

@@ -1,0 +1,332 @@
+"""Agent side of the engine lifecycle: which runtime serves each model, builds in a child process, hot swap.
+
+Rules (README "Engines"):
+- backend `onnxruntime`: ONNX Runtime, no engine.
+- backend `auto`: TensorRT when a TensorRT flavour is importable *and* a GPU is visible, else ONNX Runtime.
+- backend `tensorrt` / `tensorrt_rtx`: that flavour. Without a usable engine the model is served by ONNX
+  Runtime (engine state `fallback`) while a child process builds one; then the new engine is loaded
+  and swapped in between two batches, cameras untouched. A failed build keeps whatever serves.
+- Engines built by `edge-agent rebuild` in another process are picked up by a watcher.
+
+The engine state `state` is the engine's (checking, building, ready, failed, fallback); `backend` names
+the runtime serving detections now. On a machine that can build but not run the engine (TensorRT-RTX
+without a supported GPU) the state becomes `ready` with `loaded: false` and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config import AgentConfig, ConfigError, ModelConfig
+from engines.buildproc import BuildProcess, start_build_process
+from engines.compat import check
+from engines.errors import EngineError
+from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.runtimes.base import Backend, BackendError
+from engines.runtimes.ort import OrtBackend
+from engines.runtimes.tensorrt import TensorRTBackend
+from engines.settings import BuildSettings
+from engines.store import EngineStore
+from engines.trt_api import TrtApi, import_trt
+
+log = logging.getLogger(__name__)
+
+StatePublisher = Callable[[str, dict[str, Any]], None]
+Swapper = Callable[[str, Backend], None]
+
+
+def build_settings(cfg: ModelConfig, precision: str | None = None) -> BuildSettings:
+    return BuildSettings(
+        onnx=cfg.onnx,
+        precision=precision or cfg.precision,
+        batch=(cfg.batch.min, cfg.batch.opt, cfg.batch.max),
+        workspace_bytes=cfg.engine.workspace_mb << 20,
+        optimization_level=cfg.engine.optimization_level,
+        dla_core=cfg.engine.dla_core,
+        target_compute_capability=cfg.engine.target_compute_capability,
+    )
+
+
+def open_ort(name: str, cfg: ModelConfig) -> Backend:
+    backend = OrtBackend(str(cfg.onnx), intra_threads=cfg.threads.intra, inter_threads=cfg.threads.inter)
+    backend.load()
+    return backend
+
+
+def trt_flavor(cfg: ModelConfig) -> str | None:
+    """The TensorRT flavour a model asks for (None: any)."""
+    return cfg.backend if cfg.backend in ("tensorrt", "tensorrt_rtx") else None
+
+
+@dataclass
+class ModelEngine:
+    name: str
+    cfg: ModelConfig
+    api: TrtApi
+    fingerprint: Fingerprint
+    state: dict[str, Any] = field(default_factory=dict)
+    build: BuildProcess | None = None
+    loaded_key: str | None = None
+    seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
+    last_progress_pub: float = 0.0
+
+
+class EngineManager:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        publish: StatePublisher,
+        swap: Swapper,
+        agent_version: str,
+        watch_interval_s: float = 2.0,
+    ) -> None:
+        self.cfg = cfg
+        self._publish = publish
+        self._swap = swap
+        self._version = agent_version
+        self._watch_interval = watch_interval_s
+        self._store: EngineStore | None = None
+        self._models: dict[str, ModelEngine] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- start-up ------------------------------------------------------------------------------
+    @property
+    def store(self) -> EngineStore:
+        if self._store is None:
+            # Raises StoreError naming engine_dir and the OS reason: a start-up error, by design.
+            self._store = EngineStore(self.cfg.engine_dir)
+        return self._store
+
+    def open(self, name: str, cfg: ModelConfig) -> Backend:
+        """The backend to serve `name` with now; starts a build in the background when one is needed."""
+        if cfg.backend == "onnxruntime":
+            backend = open_ort(name, cfg)
+            self._publish(name, {"state": "ready", "backend": backend.name, "precision": backend.precision})
+            return backend
+        try:
+            api = import_trt(trt_flavor(cfg))
+            fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
+        except EngineError as exc:
+            if cfg.backend != "auto":
+                raise ConfigError(f"models.{name}.backend: {cfg.backend} requested, but {exc}") from None
+            backend = open_ort(name, cfg)
+            self._publish(
+                name,
+                {
+                    "state": "ready",
+                    "backend": backend.name,
+                    "precision": backend.precision,
+                    "reasons": [f"no TensorRT here ({exc}): ONNX Runtime serves"],
+                },
+            )
+            return backend
+        if cfg.backend == "auto" and not fp.has_gpu:
+            backend = open_ort(name, cfg)
+            self._publish(
+                name,
+                {
+                    "state": "ready",
+                    "backend": backend.name,
+                    "precision": backend.precision,
+                    "reasons": ["no CUDA GPU visible: ONNX Runtime serves"],
+                },
+            )
+            return backend
+        store = self.store
+        me = ModelEngine(name, cfg, api, fp)
+        with self._lock:
+            self._models[name] = me
+        self._set(me, state="checking", backend="onnxruntime")
+        result = check(store, name, build_settings(cfg), fp)
+        me.seen = self._listing(name)
+        if result.ok:
+            trt = self._try_load(me, result.key)
+            if trt is not None:
+                self._set(
+                    me,
+                    state="ready",
+                    backend=trt.name,
+                    precision=trt.precision,
+                    key=result.key,
+                    loaded=True,
+                    reasons=[],
+                )
+                return trt
+        backend = open_ort(name, cfg)
+        if result.ok:
+            return backend  # fitting engine that this device cannot run: state set by _try_load
+        log.warning(
+            "model %s: no fitting engine (%s); ONNX Runtime serves (fallback) while one is built",
+            name,
+            "; ".join(result.reasons),
+        )
+        self._set(
+            me,
+            state="fallback",
+            backend=backend.name,
+            precision=backend.precision,
+            reasons=result.reasons,
+            key=None,
+            loaded=False,
+        )
+        self.rebuild(name)
+        return backend
+
+    def start(self) -> None:
+        if self._models:
+            self._thread = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            builds = [m.build for m in self._models.values() if m.build is not None]
+        for b in builds:
+            b.kill()  # temp files of a killed build are never loaded, and are cleaned by the next build
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    @property
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    # ---- builds --------------------------------------------------------------------------------
+    def rebuild(self, name: str, force: bool = False, precision: str | None = None) -> bool:
+        """Start a child-process build of `name`; False when one is already running."""
+        with self._lock:
+            me = self._models[name]
+            if me.build is not None:
+                return False
+            settings = build_settings(me.cfg, precision)
+            me.build = start_build_process(
+                name,
+                settings,
+                self.cfg.engine_dir,
+                force=force,
+                on_event=lambda ev: self._on_build_event(me, ev),
+                agent_version=self._version,
+                trt_flavor=me.api.flavor,
+            )
+        self._set(me, state="building", progress=None, error=None)
+        threading.Thread(target=self._finish_build, args=(me,), name=f"build-{name}", daemon=True).start()
+        return True
+
+    def _on_build_event(self, me: ModelEngine, ev: dict[str, Any]) -> None:
+        if ev.get("event") != "progress":
+            return
+        now = time.monotonic()
+        if now - me.last_progress_pub < 0.5:  # a progress state at most twice a second
+            return
+        me.last_progress_pub = now
+        progress = {"phase": ev.get("phase"), "step": ev.get("step"), "total": ev.get("total")}
+        log.info(
+            "model %s: building: %s %s/%s", me.name, progress["phase"], progress["step"], progress["total"]
+        )
+        self._set(me, state="building", progress=progress)
+
+    def _finish_build(self, me: ModelEngine) -> None:
+        build = me.build
+        assert build is not None
+        result = build.wait()
+        with self._lock:
+            me.build = None
+            me.seen = self._listing(me.name)
+        if self._stop.is_set():
+            return
+        if not result.get("ok"):
+            error = result.get("error") or "build failed"
+            log.error(
+                "model %s: engine build failed: %s (still serving %s)",
+                me.name,
+                error,
+                me.state.get("backend"),
+            )
+            self._set(me, state="failed", error=error, progress=None)
+            return
+        log.info("model %s: %s", me.name, result.get("message"))
+        key = result.get("key")
+        build_s = result.get("build_s") if result.get("built") else me.state.get("build_s")
+        self._set(
+            me,
+            build_s=build_s,
+            reasons=result.get("reasons") or me.state.get("reasons", []),
+            progress=None,
+            error=None,
+        )
+        if key is not None:
+            self._adopt(me, key)
+
+    def _adopt(self, me: ModelEngine, key: str) -> None:
+        """Load engine `key` and swap it in; on failure the current backend keeps serving."""
+        trt = self._try_load(me, key)
+        if trt is None:
+            return
+        self._swap(me.name, trt)
+        me.loaded_key = key
+        self._set(me, state="ready", backend=trt.name, precision=trt.precision, key=key, loaded=True)
+
+    def _try_load(self, me: ModelEngine, key: str) -> Backend | None:
+        manifest = self.store.manifest(me.name, key)
+        plan_sha = manifest.build.get("plan_sha256") if manifest else None
+        trt = TensorRTBackend(self.store, me.name, key, api=me.api, fingerprint=me.fingerprint)
+        try:
+            trt.load()
+        except BackendError as exc:
+            log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
+            self._set(me, state="ready", key=key, plan_sha256=plan_sha, loaded=False, load_error=str(exc))
+            return None
+        me.loaded_key = key
+        me.state["plan_sha256"] = plan_sha
+        return trt
+
+    # ---- watcher -------------------------------------------------------------------------------
+    def _listing(self, name: str) -> tuple:
+        d = self.store.model_dir(name)
+        try:
+            return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in d.glob("*.json")))
+        except OSError:
+            return ()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._watch_interval):
+            for me in list(self._models.values()):
+                try:
+                    self._watch_one(me)
+                except Exception:
+                    log.exception("model %s: engine watch failed", me.name)
+
+    def _watch_one(self, me: ModelEngine) -> None:
+        with self._lock:
+            if me.build is not None:
+                return
+            listing = self._listing(me.name)
+            if listing == me.seen:
+                return
+            me.seen = listing
+        result = check(self.store, me.name, build_settings(me.cfg), me.fingerprint)
+        manifest = result.manifest
+        if not result.ok or manifest is None:
+            return
+        if manifest.build.get("plan_sha256") != me.state.get("plan_sha256"):
+            log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
+            self._set(me, build_s=manifest.build.get("build_s"), reasons=[])
+            self._adopt(me, result.key)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def _set(self, me: ModelEngine, **fields: Any) -> None:
+        with self._lock:
+            me.state.update(fields)
+            me.state.setdefault("fingerprint", me.fingerprint.manifest_dict())
+            snapshot = dict(me.state)
+        self._publish(me.name, snapshot)
+
+    def state_of(self, name: str) -> dict[str, Any]:
+        me = self._models.get(name)
+        return dict(me.state) if me else {}

@@ -1,0 +1,91 @@
+"""The agent as a subprocess, and waiting for what it publishes (pytest plugin, loaded by conftest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fixtures_mqtt import Message, Subscriber
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class AgentProcess:
+    def __init__(self, config: Path, log: Path) -> None:
+        self.log = log
+        self._log_file = log.open("w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--log-level", "info"],
+            cwd=REPO,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def terminate(self, timeout: float) -> tuple[int | None, float]:
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        return rc, time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._log_file.close()
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[Callable[[Path], AgentProcess]]:
+    agents: list[AgentProcess] = []
+
+    def start(config: Path) -> AgentProcess:
+        agent = AgentProcess(config, tmp_path / f"agent-{len(agents)}.log")
+        agents.append(agent)
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.kill()
+
+
+def decoded(msgs: list[Message], suffix: str) -> list[dict]:
+    return [json.loads(payload) for topic, payload, _ in msgs if topic.endswith(suffix)]
+
+
+def wait(
+    sub: Subscriber,
+    predicate: Callable[[list[Message]], bool],
+    timeout: float,
+    agent: AgentProcess,
+    what: str,
+) -> list[Message]:
+    """Like Subscriber.wait_for; a failure shows what was awaited and the agent's log, not every message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msgs = sub.snapshot()
+        if predicate(msgs):
+            return msgs
+        if time.monotonic() > deadline:
+            topics = sorted({t for t, _, _ in msgs})
+            pytest.fail(
+                f"timed out after {timeout} s waiting for {what}; topics seen: {topics}\n"
+                f"agent log:\n{agent.text()[-4000:]}"
+            )
+        time.sleep(0.1)
