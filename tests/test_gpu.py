@@ -1,0 +1,30 @@
+"""GPU-side checks, run on the device box (`pytest -m gpu`); CI has no GPU and skips them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engines.gpu_probe import probe_gpu
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gpu_probe_reads_name_compute_capability_driver_and_runtime() -> None:
+    info = probe_gpu(0)
+    assert info.name, "no GPU found by cuda-python or NVML"
+    assert re.fullmatch(r"\d+\.\d+", info.compute_capability or "")
+    assert info.cuda_driver and info.cuda_runtime
+
+
+def test_fingerprint_fields_from_gpu_without_tensorrt() -> None:
+    # The GPU box has no TensorRT: the fingerprint needs a TensorRT module, so probe the GPU half only,
+    # and check that both probes (cuda.bindings, NVML) agree where both are installed.
+    from engines.gpu_probe import probe_cuda_bindings, probe_nvml
+
+    cb, nv = probe_cuda_bindings(0), probe_nvml(0)
+    if cb is None or nv is None:
+        pytest.skip("needs both cuda-python and pynvml")
+    assert cb.name == nv.name
+    assert cb.compute_capability == nv.compute_capability
