@@ -296,7 +296,7 @@ class Agent:
         self._stop.set()
         t0 = time.monotonic()
         for cam in self.cameras.values():
-            cam.reader.stop(timeout=0)  # signal only; joined below so slow cameras stop in parallel
+            cam.reader.request_stop()  # signal only; joined below so slow cameras stop in parallel
         for worker in self.workers.values():
             worker.stop(timeout=2.0)
         self.engines.close()
