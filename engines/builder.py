@@ -5,7 +5,8 @@
     result.plan_path, result.manifest, result.build_s, result.message
 
 Steps (Polygraphy-style, each a small function): lock -> clean stale temps -> check -> prepare the
-precision -> parse -> configure -> build_serialized_network -> save timing cache -> store.
+precision -> parse -> configure (INT8: engines.int8_build) -> build_serialized_network -> save timing
+cache -> store. The builder takes fp32/fp16/int8 only; `best` is the agent's accuracy gate's to resolve.
 A failure raises BuildError/UnavailableError and leaves the store as it was.
 on_progress(phase, step, total) gets coarse phases (parse/build/serialize/save) from this module and,
 where the module has IProgressMonitor, TensorRT's own phases in between.
@@ -23,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
 from engines.compat import BuildSpec, build_spec, check
+from engines.cuda_buffers import Allocator
 from engines.errors import BuildError
 from engines.fingerprint import Fingerprint, probe_fingerprint
 from engines.fsutil import atomic_write_bytes
+from engines.int8_build import Int8Request, configure_int8, finish_int8
 from engines.manifest import Manifest
-from engines.precision import PreparedModel, prepare_model
+from engines.precision import PreparedModel, prepare_model, require_precision
 from engines.settings import BuildSettings, profiles_from_json
 from engines.store import EngineStore
 from engines.trt_api import ProgressCallback, TrtApi, import_trt
@@ -88,8 +92,10 @@ def build_plan(
     *,
     timing_cache: bytes = b"",
     on_progress: ProgressCallback = _noop,
+    int8: Int8Request | None = None,
 ) -> tuple[bytes, Any, int]:
-    """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded)."""
+    """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded).
+    `int8` carries a calibrated INT8 build's inputs and receives its results (flags, kept layers, cache)."""
     logger = api.logger()
     builder = api.mod.Builder(logger)
     if builder is None:
@@ -101,17 +107,24 @@ def build_plan(
     config = builder.create_builder_config()
     api.set_workspace(config, spec.workspace_bytes)
     api.set_optimization_level(config, spec.optimization_level)
-    api.set_precision_flag(config, prepared.builder_flag)
+    if prepared.builder_flag != "int8":  # INT8 flags come with the calibrator (configure_int8)
+        api.set_precision_flag(config, prepared.builder_flag)
     fp = spec.fingerprint
     if fp.dla_core is not None:
         api.set_dla(builder, config, fp.dla_core)
     # With a GPU build for it (CURRENT); without one, for the target CC (RTX ahead-of-time).
     api.set_target_compute_capability(config, None if fp.has_gpu else fp.compute_capability)
+    profiles = []
     for p in profiles_from_json(spec.profiles):
         profile = builder.create_optimization_profile()
         for name, s in p.items():
             profile.set_shape(name, s.min, s.opt, s.max)
         config.add_optimization_profile(profile)
+        profiles.append(profile)
+    calibrator = None
+    if prepared.precision == "int8":
+        # Keep `calibrator` referenced until the build returns: TensorRT holds only a raw pointer.
+        calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
     cache, entries = (None, 0)
     if api.has_timing_cache:
         cache, entries = api.attach_timing_cache(config, timing_cache)
@@ -121,14 +134,25 @@ def build_plan(
         config.progress_monitor = monitor
 
     on_progress("build", 0, 1)
-    plan = builder.build_serialized_network(network, config)
+    try:
+        plan = builder.build_serialized_network(network, config)
+    finally:
+        if calibrator is not None:
+            calibrator.close()  # free the calibration device buffer explicitly, whatever happened
+    finish_int8(calibrator, int8)  # raises BuildError if calibration failed (TensorRT saw only "end")
     if monitor is not None and monitor.error is not None:
         raise BuildError(f"build cancelled by the progress callback: {monitor.error}") from monitor.error
     if plan is None:
-        raise BuildError(
-            f"{api.label} failed to build {prepared.onnx_path}: "
-            + ("; ".join(logger.errors) or "no reason given (see the TensorRT log)")
-        )
+        raw = "; ".join(logger.errors) or "no reason given (see the TensorRT log)"
+        hint = api.explain_int8_build_failure(logger.errors) if prepared.quantized else None
+        if hint:
+            # The internal error is the cause; CPU-only RTX builds also log benign CUDA-driver errors.
+            said = [e for e in logger.errors if "Internal Error" in e] or logger.errors
+            raise BuildError(
+                f"cannot build the INT8 (Q/DQ) engine from {prepared.onnx_path}: {hint}. "
+                f"TensorRT said: {'; '.join(said)}"
+            )
+        raise BuildError(f"{api.label} failed to build {prepared.onnx_path}: {raw}")
     on_progress("build", 1, 1)
     on_progress("serialize", 0, 1)
     data = bytes(memoryview(plan))
@@ -148,6 +172,43 @@ def _save_timing_cache(api: TrtApi, path: Path, handle: Any) -> None:
         atomic_write_bytes(path, api.merged_timing_cache(config, cache, on_disk))
 
 
+def _int8_request(
+    store: EngineStore,
+    model: str,
+    settings: BuildSettings,
+    spec: BuildSpec,
+    prepared: PreparedModel,
+    batches: BatchSource | None,
+    allocator: Allocator | None,
+) -> Int8Request | None:
+    """The calibrated-INT8 inputs (None unless this build calibrates), refusing early without data."""
+    if not prepared.calibrate:
+        return None
+    cal = spec.calibration
+    assert cal is not None  # build_spec refuses int8 without a calibration record
+    if batches is None and settings.calibration_data is not None:
+        data = settings.calibration_data
+        batches = lambda: npy_batches(data)  # noqa: E731 - re-iterable, opened only if TensorRT asks
+    # Identity of the cache: the calibration record plus the ONNX it was computed on.
+    cache = CalibrationCache(store.calib_path(model, spec.key), {**cal, "onnx_sha256": spec.onnx_sha256})
+    if batches is None and cache.load() is None:
+        raise BuildError(
+            f"INT8 calibration of model {model!r} needs calibration batches (build(calibration_batches=...) "
+            f"or BuildSettings.calibration_data) and there is no reusable calibration cache at {cache.path}"
+        )
+    return Int8Request(
+        method=cal["method"],
+        samples=cal["samples"],
+        cache=cache,
+        batches=batches,
+        allocator=allocator,
+        quantile=cal.get("quantile", DEFAULT_QUANTILE),
+        keep_layers=settings.int8_keep_layers,
+        keep_precision=settings.int8_keep_precision,
+        constraints=settings.precision_constraints,
+    )
+
+
 def build(
     store: EngineStore,
     model: str,
@@ -159,10 +220,18 @@ def build(
     on_progress: ProgressCallback | None = None,
     agent_version: str = "unknown",
     lock_wait_s: float | None = 0.0,
+    calibration_batches: BatchSource | None = None,
+    device_allocator: Allocator | None = None,
 ) -> BuildResult:
-    """Build (or confirm) the engine of `model`. See the module docstring."""
+    """Build (or confirm) the engine of `model`. See the module docstring.
+
+    Calibrated INT8 (weakly typed TensorRT): `calibration_batches` is an iterable of float32 NCHW arrays
+    (or a callable returning one), else settings.calibration_data is read; neither is needed when the
+    stored calibration cache matches. `device_allocator` replaces cuda-python's cudaMalloc (tests).
+    """
     progress = on_progress or _noop
     api = api or import_trt()
+    require_precision(api, settings.precision, f"model {model!r}")  # before check(): clear refusals
     fp = fingerprint or probe_fingerprint(api, target_compute_capability=settings.target_compute_capability)
     with store.lock(model, wait_s=lock_wait_s):
         stale = store.clean_stale(model)
@@ -186,12 +255,15 @@ def build(
         spec = build_spec(settings, fp)
         if not spec.fingerprint.has_gpu and not api.aot_without_gpu:
             raise BuildError(f"{api.label} needs a CUDA GPU to build {model!r}; none is visible")
-        prepared = prepare_model(api, settings.onnx, settings.precision)
+        prepared = prepare_model(api, settings.onnx, settings.precision, qdq_onnx=settings.qdq_onnx)
+        int8 = _int8_request(store, model, settings, spec, prepared, calibration_batches, device_allocator)
         tc_path = timing_cache_path(store, spec.fingerprint)
         tc_data = tc_path.read_bytes() if tc_path.exists() else b""
 
         t0 = time.monotonic()
-        plan, tc_handle, entries = build_plan(api, prepared, spec, timing_cache=tc_data, on_progress=progress)
+        plan, tc_handle, entries = build_plan(
+            api, prepared, spec, timing_cache=tc_data, on_progress=progress, int8=int8
+        )
         build_s = time.monotonic() - t0
         _save_timing_cache(api, tc_path, tc_handle)
 
@@ -204,7 +276,9 @@ def build(
                 "profiles": spec.profiles,
                 "workspace_bytes": spec.workspace_bytes,
                 "optimization_level": spec.optimization_level,
-                "calibration": spec.calibration,
+                "calibration": spec.calibration
+                if int8 is None
+                else {**(spec.calibration or {}), "cache_sha256": int8.cache_sha256},
                 # hit: the loaded cache really held timings (RTX caches never do: always false there).
                 "timing_cache": {"path": str(tc_path), "hit": bool(tc_data) and entries != 0},
                 "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from engines.calibrator import DEFAULT_QUANTILE
 from engines.errors import BuildError, ManifestError
 from engines.fingerprint import Fingerprint
 from engines.manifest import Manifest
@@ -54,9 +55,13 @@ class BuildSpec:
     workspace_bytes: int
     optimization_level: int
     calibration: dict[str, Any] | None = None
+    # Calibrated INT8 only: which layers stay out of INT8 (changes the engine, so part of the key).
+    int8_layers: dict[str, Any] | None = None
 
     def key_material(self) -> dict[str, Any]:
+        extra = {} if self.int8_layers is None else {"int8_layers": self.int8_layers}
         return {
+            **extra,
             "fingerprint": self.fingerprint.key_fields(),
             "onnx_sha256": self.onnx_sha256,
             "precision": self.precision,
@@ -72,8 +77,60 @@ class BuildSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:KEY_LEN]
 
 
+def calibration_record(settings: BuildSettings) -> dict[str, Any] | None:
+    """What the manifest's build.calibration must say for these settings (None unless int8).
+
+    Q/DQ model: {method, samples, ..., cache_sha256 = sha256 of the Q/DQ file}, known before building.
+    Calibrated: {method, samples, ...} now; the builder adds cache_sha256 of the calibration cache.
+    """
+    if settings.precision != "int8":
+        return None
+    cal = settings.calibration
+    if cal is None:
+        what = f"qdq_onnx {settings.qdq_onnx}" if settings.qdq_onnx else "the calibration set"
+        raise BuildError(
+            f"precision int8 of {settings.onnx} needs BuildSettings.calibration {{method, samples}} "
+            f"(how the INT8 scales of {what} are made)"
+        )
+    record = {k: v for k, v in cal.items() if k != "cache_sha256"}
+    if settings.qdq_onnx is not None:
+        sha = onnx_sha256(settings.qdq_onnx)
+        given = cal.get("cache_sha256")
+        if given is not None and given != sha:
+            raise BuildError(
+                f"calibration.cache_sha256 {given} does not match qdq_onnx {settings.qdq_onnx} "
+                f"(sha256 {sha}): the Q/DQ file changed after it was recorded"
+            )
+        record["cache_sha256"] = sha
+    elif record["method"] == "percentile":
+        record.setdefault("quantile", DEFAULT_QUANTILE)
+    return record
+
+
+def calibration_changed(recorded: dict[str, Any] | None, wanted: dict[str, Any] | None) -> bool:
+    """Identity keys differ; cache_sha256 only counts where the wanted record knows it (Q/DQ file):
+    a calibrator's cache hash is an output of the build, not part of what was asked for."""
+    if recorded is None or wanted is None:
+        return recorded != wanted
+
+    def identity(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k != "cache_sha256"}
+
+    if identity(recorded) != identity(wanted):
+        return True
+    return "cache_sha256" in wanted and recorded.get("cache_sha256") != wanted["cache_sha256"]
+
+
 def build_spec(settings: BuildSettings, fingerprint: Fingerprint) -> BuildSpec:
     profiles = resolve_profiles(settings, onnx_input_shapes(settings.onnx))
+    calibration = calibration_record(settings)
+    int8_layers = None
+    if settings.precision == "int8" and settings.qdq_onnx is None:
+        int8_layers = {
+            "keep": list(settings.int8_keep_layers),
+            "as": settings.int8_keep_precision,
+            "constraints": settings.precision_constraints,
+        }
     return BuildSpec(
         fingerprint=fingerprint.for_build(settings.dla_core, settings.target_compute_capability),
         onnx_sha256=onnx_sha256(settings.onnx),
@@ -81,6 +138,8 @@ def build_spec(settings: BuildSettings, fingerprint: Fingerprint) -> BuildSpec:
         profiles=profiles_to_json(profiles),
         workspace_bytes=settings.workspace_bytes,
         optimization_level=settings.optimization_level,
+        calibration=calibration,
+        int8_layers=int8_layers,
     )
 
 
@@ -118,7 +177,8 @@ def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
         reasons.append(f"workspace {b['workspace_bytes']} -> {spec.workspace_bytes} bytes")
     if b["optimization_level"] != spec.optimization_level:
         reasons.append(f"optimization level {b['optimization_level']} -> {spec.optimization_level}")
-    if b["calibration"] != spec.calibration:
+    # After a precision change the calibration differs by definition: one reason is enough.
+    if b["precision"] == spec.precision and calibration_changed(b["calibration"], spec.calibration):
         reasons.append("calibration changed")
     return reasons
 

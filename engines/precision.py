@@ -4,8 +4,10 @@
 
 Strongly typed flavours (TensorRT-RTX, TensorRT 11) take precision from the graph: FP16 means
 converting the ONNX with onnxconverter-common (`keep_io_types=True`, so the engine still takes and
-returns float32 like the ONNX Runtime fallback). Weakly typed TensorRT (<= 10) keeps the FP32 graph
-and sets the FP16 builder flag. int8/best arrive with the precision issue (calibration + accuracy gate).
+returns float32 like the ONNX Runtime fallback); INT8 means the caller's Q/DQ ONNX (engines.quantize).
+Weakly typed TensorRT (<= 10) keeps the FP32 graph and sets builder flags: FP16, or INT8 + FP16 with a
+calibrator (engines.calibrator) - or, given a Q/DQ ONNX there too, INT8 + FP16 without a calibrator.
+`best` is the agent's to resolve (accuracy gate) before anything is built: refused here.
 """
 
 from __future__ import annotations
@@ -29,19 +31,53 @@ class PreparedModel:
     model_bytes: bytes | None  # a converted graph; None: parse onnx_path itself
     builder_flag: str  # precision flag for weakly typed builders ("fp32": none)
     precision: str
+    quantized: bool = False  # onnx_path is a Q/DQ graph (explicit quantisation: scales in the graph)
+    calibrate: bool = False  # weakly typed implicit INT8: needs a calibrator (or a reusable cache)
 
 
-def prepare_model(api: TrtApi, onnx_path: Path, precision: str) -> PreparedModel:
+def refuse_best(precision: str, model: str | Path) -> None:
+    if precision == "best":
+        raise BuildError(
+            f"precision 'best' of {model} must be resolved by the agent's accuracy gate "
+            "(int8 -> fp16 -> fp32) before building; the builder builds fp32, fp16 or int8 only"
+        )
+
+
+def require_precision(api: TrtApi, precision: str, what: str | Path) -> None:
+    """BuildError for `best`, UnavailableError for a precision this TensorRT cannot build."""
+    refuse_best(precision, what)
     if precision not in api.precisions():
         raise UnavailableError(
             f"precision {precision!r} is not available on {api.flavor} {api.version} "
             f"(this build of the engine manager supports {', '.join(api.precisions())})"
         )
+
+
+def prepare_model(
+    api: TrtApi, onnx_path: Path, precision: str, *, qdq_onnx: Path | None = None
+) -> PreparedModel:
+    require_precision(api, precision, onnx_path)
+    if precision == "int8":
+        return _prepare_int8(api, onnx_path, qdq_onnx)
     if precision == "fp32":
         return PreparedModel(onnx_path, None, "fp32", precision)
     if api.weakly_typed:
         return PreparedModel(onnx_path, None, precision, precision)
     return PreparedModel(onnx_path, convert_fp16(onnx_path), "fp32", precision)
+
+
+def _prepare_int8(api: TrtApi, onnx_path: Path, qdq_onnx: Path | None) -> PreparedModel:
+    if qdq_onnx is not None:
+        if not qdq_onnx.is_file():
+            raise BuildError(f"qdq_onnx {qdq_onnx} (INT8 model for {onnx_path}) does not exist")
+        # Weakly typed builders still need the INT8 flag to accept Q/DQ layers; strongly typed need none.
+        return PreparedModel(qdq_onnx, None, "int8" if api.weakly_typed else "fp32", "int8", quantized=True)
+    if api.strongly_typed:
+        raise UnavailableError(
+            f"precision 'int8' on {api.label} needs a Q/DQ ONNX of {onnx_path} (BuildSettings.qdq_onnx, "
+            "made by engines.quantize): strongly typed TensorRT has no calibrators"
+        )
+    return PreparedModel(onnx_path, None, "int8", "int8", calibrate=True)
 
 
 def convert_fp16(onnx_path: Path) -> bytes:

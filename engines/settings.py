@@ -11,6 +11,7 @@ NanoDet's batch of 1 gives min = opt = max = (1, 3, 416, 416) whatever `batch` s
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ log = logging.getLogger("engines.settings")
 Shape = tuple[int, ...]
 DEFAULT_WORKSPACE = 1 << 30
 PRECISIONS = ("fp32", "fp16", "int8", "best")
+CALIBRATION_METHODS = ("entropy", "minmax", "percentile")
+# Layers kept out of INT8 on weakly typed TensorRT (calibrated INT8), matched against TensorRT layer names
+# with re.search. "@first_conv" (the stem sees raw pixels), "@head" (the last conv of each output path and
+# the reshapes/activations after it) are structural selectors: detector layer names vary by exporter.
+DEFAULT_INT8_KEEP_LAYERS: tuple[str, ...] = ("@first_conv", "@head", r"(?i)sigmoid|softmax")
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,43 @@ class BuildSettings:
     optimization_level: int = 3
     dla_core: int | None = None
     target_compute_capability: str | None = None
+    # --- INT8 (used only when precision == "int8"; ignored otherwise so fp32/fp16 keys never change) ---
+    # {method: entropy|minmax|percentile, samples: int, [quantile], [any identity key, e.g. data_id],
+    #  [cache_sha256]}: every key but cache_sha256 identifies the calibration (engine key + cache reuse).
+    calibration: dict[str, Any] | None = None
+    # A Q/DQ (explicitly quantised) copy of `onnx`, made by the caller (engines.quantize): the INT8 route
+    # on strongly typed TensorRT (11, RTX); also honoured by weakly typed TensorRT (no calibrator then).
+    qdq_onnx: Path | None = None
+    # Calibration batches for builds in a child process: a .npy file (N, C, H, W) float32, or a
+    # directory of such files (sorted by name). In-process callers may pass batches to build() instead.
+    calibration_data: Path | None = None
+    int8_keep_layers: tuple[str, ...] = DEFAULT_INT8_KEEP_LAYERS
+    int8_keep_precision: str = "fp16"  # fp16 | fp32: what the kept layers run in
+    precision_constraints: str = "prefer"  # prefer | obey (obey fails the build if no kernel fits)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "onnx", Path(self.onnx))
+        for name in ("qdq_onnx", "calibration_data"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "int8_keep_layers", tuple(self.int8_keep_layers))
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {list(PRECISIONS)}")
+        if self.int8_keep_precision not in ("fp16", "fp32"):
+            raise ValueError(f"int8_keep_precision must be fp16 or fp32, got {self.int8_keep_precision!r}")
+        if self.precision_constraints not in ("prefer", "obey"):
+            raise ValueError(
+                f"precision_constraints must be prefer or obey, got {self.precision_constraints!r}"
+            )
+        for pattern in self.int8_keep_layers:
+            if not pattern.startswith("@"):
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"int8_keep_layers: {pattern!r} is not a regular expression: {e}") from e
+        if self.calibration is not None:
+            _check_calibration(self.calibration)
         bmin, bopt, bmax = self.batch
         if not 1 <= bmin <= bopt <= bmax:
             raise ValueError(f"batch must satisfy 1 <= min <= opt <= max, got {self.batch}")
@@ -76,6 +114,12 @@ class BuildSettings:
             "optimization_level": self.optimization_level,
             "dla_core": self.dla_core,
             "target_compute_capability": self.target_compute_capability,
+            "calibration": self.calibration,
+            "qdq_onnx": None if self.qdq_onnx is None else str(self.qdq_onnx),
+            "calibration_data": None if self.calibration_data is None else str(self.calibration_data),
+            "int8_keep_layers": list(self.int8_keep_layers),
+            "int8_keep_precision": self.int8_keep_precision,
+            "precision_constraints": self.precision_constraints,
         }
 
     @classmethod
@@ -90,7 +134,28 @@ class BuildSettings:
             optimization_level=int(d.get("optimization_level", 3)),
             dla_core=d.get("dla_core"),
             target_compute_capability=d.get("target_compute_capability"),
+            calibration=d.get("calibration"),
+            qdq_onnx=d.get("qdq_onnx"),
+            calibration_data=d.get("calibration_data"),
+            int8_keep_layers=tuple(d.get("int8_keep_layers", DEFAULT_INT8_KEEP_LAYERS)),
+            int8_keep_precision=d.get("int8_keep_precision", "fp16"),
+            precision_constraints=d.get("precision_constraints", "prefer"),
         )
+
+
+def _check_calibration(cal: Any) -> None:
+    """ValueError naming the calibration field that is wrong."""
+    if not isinstance(cal, dict):
+        raise ValueError(f"calibration must be a mapping {{method, samples}}, got {cal!r}")
+    method = cal.get("method")
+    if method not in CALIBRATION_METHODS:
+        raise ValueError(f"calibration.method {method!r} is not one of {list(CALIBRATION_METHODS)}")
+    samples = cal.get("samples")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"calibration.samples must be a positive integer, got {samples!r}")
+    quantile = cal.get("quantile")
+    if quantile is not None and not (isinstance(quantile, float) and 0.0 < quantile <= 1.0):
+        raise ValueError(f"calibration.quantile must be a float in (0, 1], got {quantile!r}")
 
 
 def profiles_from_json(items: list[dict[str, Any]]) -> list[Profile]:

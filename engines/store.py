@@ -75,6 +75,10 @@ class EngineStore:
     def manifest_path(self, model: str, key: str) -> Path:
         return self.model_dir(model) / f"{key}.json"
 
+    def calib_path(self, model: str, key: str) -> Path:
+        """INT8 calibration cache of engine `key` (its identity sits in `{key}.calib.meta`)."""
+        return self.model_dir(model) / f"{key}.calib"
+
     @property
     def timing_dir(self) -> Path:
         return self.root / "timing"
@@ -172,6 +176,9 @@ class EngineStore:
             # Manifest first: without it the plan is invisible, whatever happens next.
             self.manifest_path(model, m.key).unlink(missing_ok=True)
             self.plan_path(model, m.key).unlink(missing_ok=True)
+            calib = self.calib_path(model, m.key)
+            calib.with_name(calib.name + ".meta").unlink(missing_ok=True)
+            calib.unlink(missing_ok=True)
             removed.append(m.key)
         if removed:
             fsync_dir(self.model_dir(model))

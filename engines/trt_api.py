@@ -15,6 +15,11 @@ Facts behind the probes (TensorRT docs; only the tensorrt_rtx paths run on this 
 - set_memory_pool_limit appeared in 8.4, max_workspace_size was removed in 10.
 - TensorRT-RTX builds ahead of time without a GPU for the compute capabilities set on the config;
   its timing-cache calls are no-ops (kept, and recorded honestly as "no hit").
+- INT8 on weakly typed TensorRT (<= 10): BuilderFlag.INT8 (+ FP16 so layers without an INT8 kernel, and
+  the layers we keep out of INT8, run in FP16) with an IInt8*Calibrator; per-layer `precision` /
+  `set_output_type` are only honoured with PREFER/OBEY_PRECISION_CONSTRAINTS (8.2+; STRICT_TYPES before).
+  Dynamic-shape networks calibrate at the kOPT shape of the calibration profile (set_calibration_profile).
+- INT8 on strongly typed TensorRT (11, RTX): explicit quantisation only, i.e. a Q/DQ ONNX; no calibrators.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -69,6 +74,24 @@ class IoTensor:
     dtype: np.dtype
     # (min, opt, max) of profile 0 for inputs, None for outputs.
     profile: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None
+
+
+def _enum_name(value: Any) -> str:
+    """Member name of a TensorRT (pybind11) or Python enum value: "CONVOLUTION", "FLOAT"."""
+    name = getattr(value, "name", None)
+    return str(name) if name else str(value).split(".")[-1]
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One network layer as plain data (names of its input/output tensors, output dtypes)."""
+
+    index: int
+    name: str
+    type: str  # LayerType member name: "CONVOLUTION", "ACTIVATION", ...
+    inputs: tuple[str | None, ...]
+    outputs: tuple[str, ...]
+    output_dtypes: tuple[str, ...]  # DataType member names: "FLOAT", "HALF", "INT32", ...
 
 
 class TrtApi:
@@ -120,9 +143,28 @@ class TrtApi:
     def has_dla(self) -> bool:
         return self._has("DeviceType", "DLA") and self._has("IBuilderConfig", "DLA_core")
 
+    @property
+    def has_int8_calibration(self) -> bool:
+        """Implicit (calibrated) INT8: weakly typed, INT8 flag, calibrator base classes (TensorRT <= 10)."""
+        return (
+            self.weakly_typed
+            and self._has("BuilderFlag", "INT8")
+            and hasattr(self.mod, "IInt8EntropyCalibrator2")
+            and self._has("IBuilderConfig", "int8_calibrator")
+        )
+
+    @property
+    def has_explicit_quantization(self) -> bool:
+        """Q/DQ networks: the parser makes IQuantize/IDequantize layers (TensorRT >= 8, RTX)."""
+        return self._has("LayerType", "DEQUANTIZE") and self._has("DataType", "INT8")
+
     def precisions(self) -> list[str]:
-        """Precisions this module can build now (the precision issue adds int8/best)."""
-        return ["fp32", "fp16"]
+        """Precisions the builder accepts here. `best` is never among them: the agent resolves it
+        (accuracy gate) to one of these before building."""
+        out = ["fp32", "fp16"]
+        if self.has_int8_calibration or (self.strongly_typed and self.has_explicit_quantization):
+            out.append("int8")
+        return out
 
     # --- logging --------------------------------------------------------------------------
     def logger(self) -> Any:
@@ -203,6 +245,112 @@ class TrtApi:
         if flag is None or not self.weakly_typed:
             self.fail_unavailable(f"the {precision.upper()} builder flag")
         config.set_flag(flag)
+
+    # --- INT8 -----------------------------------------------------------------------------
+    _CALIBRATORS: ClassVar[dict[str, str]] = {
+        "entropy": "IInt8EntropyCalibrator2",
+        "minmax": "IInt8MinMaxCalibrator",
+        "percentile": "IInt8LegacyCalibrator",  # quantile cut-off: the only percentile-style calibrator
+    }
+
+    def calibrator_base(self, method: str) -> type:
+        """The TensorRT calibrator class implementing `method` (entropy | minmax | percentile)."""
+        name = self._CALIBRATORS.get(method)
+        if name is None:
+            raise UnavailableError(
+                f"calibration method {method!r} is unknown (expected one of {list(self._CALIBRATORS)})"
+            )
+        if not self.has_int8_calibration or not hasattr(self.mod, name):
+            self.fail_unavailable(f"INT8 calibration with {name} ({method})")
+        return getattr(self.mod, name)  # type: ignore[no-any-return]
+
+    def set_int8(self, config: Any, calibrator: Any | None) -> list[str]:
+        """Weakly typed: INT8 + FP16 flags (FP16 is where unquantisable/kept layers fall back), and the
+        calibrator (None for a Q/DQ network, whose scales are in the graph). Returns the flags set."""
+        flags = self.mod.BuilderFlag
+        if not self.weakly_typed or not hasattr(flags, "INT8"):
+            self.fail_unavailable("the INT8 builder flag")
+        config.set_flag(flags.INT8)
+        names = ["INT8"]
+        if hasattr(flags, "FP16"):
+            config.set_flag(flags.FP16)
+            names.append("FP16")
+        if calibrator is not None:
+            config.int8_calibrator = calibrator
+        return names
+
+    def set_calibration_profile(self, config: Any, profile: Any) -> bool:
+        """Calibrate dynamic shapes at this profile's kOPT shape (TensorRT >= 7.1); False if unsupported."""
+        if hasattr(config, "set_calibration_profile"):
+            config.set_calibration_profile(profile)
+            return True
+        return False
+
+    def set_precision_constraints(self, config: Any, mode: str) -> str | None:
+        """Make per-layer precisions binding: PREFER (warn and fall back when no kernel fits) or OBEY
+        (fail the build). Before 8.2 only STRICT_TYPES exists. Returns the flag set, None if none exists."""
+        flags = self.mod.BuilderFlag
+        wanted = "OBEY_PRECISION_CONSTRAINTS" if mode == "obey" else "PREFER_PRECISION_CONSTRAINTS"
+        for name in (wanted, "STRICT_TYPES"):
+            if hasattr(flags, name):
+                config.set_flag(getattr(flags, name))
+                return name
+        log.warning("%s has no precision-constraint flag: per-layer precisions are hints only", self.label)
+        return None
+
+    def network_layers(self, network: Any) -> tuple[list[LayerInfo], list[str]]:
+        """(layers in network order, network output tensor names) as plain data for layer selection."""
+        layers = []
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            inputs = []
+            for j in range(layer.num_inputs):
+                t = layer.get_input(j)
+                inputs.append(t.name if t is not None else None)
+            outputs, dtypes = [], []
+            for j in range(layer.num_outputs):
+                t = layer.get_output(j)
+                outputs.append(t.name)
+                dtypes.append(_enum_name(t.dtype))
+            layers.append(
+                LayerInfo(
+                    i,
+                    layer.name,
+                    _enum_name(layer.type),
+                    tuple(inputs),
+                    tuple(outputs),
+                    tuple(dtypes),
+                )
+            )
+        outs = [network.get_output(i).name for i in range(network.num_outputs)]
+        return layers, outs
+
+    def constrain_layer(self, network: Any, index: int, precision: str) -> None:
+        """Run layer `index` in `precision` (fp16 | fp32), its float outputs in that type too."""
+        dtype = self.mod.DataType.HALF if precision == "fp16" else self.mod.DataType.FLOAT
+        layer = network.get_layer(index)
+        layer.precision = dtype
+        for j in range(layer.num_outputs):
+            layer.set_output_type(j, dtype)
+
+    def explain_int8_build_failure(self, errors: list[str]) -> str | None:
+        """An actionable hint for a failed explicit-quantisation (Q/DQ) build, None when we know none.
+
+        Measured on TensorRT-RTX 1.7.1.116 (CPU AOT, sm86): Q/DQ convolutions build (single convs,
+        depthwise, padded; and NanoDet after ONNX Runtime's basic graph optimisation), but the raw tf2onnx
+        NanoDet with any Q/DQ fails in the builder with "Internal Error (Assertion count >= 0 failed" in
+        weightsPtr.cpp: unfolded constant/shape subgraphs around the quantised layers trip it.
+        """
+        text = " ".join(errors)
+        if self.flavor == "tensorrt_rtx" and "Internal Error" in text:
+            return (
+                f"{self.label} hit an internal error on this Q/DQ graph; graphs quantised without folding "
+                "their constant/shape subgraphs trigger it (fold first, e.g. ONNX Runtime "
+                "GraphOptimizationLevel.ORT_ENABLE_BASIC with optimized_model_filepath, then quantise "
+                "again), or use precision fp16, or TensorRT (weakly typed, calibrated INT8) on a "
+                "Jetson/datacenter GPU"
+            )
+        return None
 
     def set_dla(self, builder: Any, config: Any, core: int) -> None:
         """Run on DLA core `core`, with GPU fallback for layers DLA cannot run."""

@@ -6,7 +6,13 @@ deserialisation); everything that tensorrt_rtx can do for real is tested with te
     trt = make("10.3.0")                       # weakly typed, EXPLICIT_BATCH + STRONGLY_TYPED flags
     trt = make("11.0.0", weak=False, explicit_batch=False)
     trt = make("8.2.0", memory_pool=False, opt_level=False, progress=False, node_names=False, io_api=True)
+    trt = make("10.3.0", int8=True)            # + IInt8*Calibrator bases, PREFER/OBEY flags, layers
 Every instance records calls in `trt.calls` (list of tuples).
+
+INT8 (int8=True): the network has DETECTOR_LAYERS (names/types/tensors, settable precision and output
+types); build_serialized_network drives a config.int8_calibrator the way TensorRT does (get_batch_size,
+read_calibration_cache, then get_batch until None, then write_calibration_cache). FakeAllocator stands in
+for cuda-python device buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +24,71 @@ from typing import Any
 import numpy as np
 
 PLAN_MAGIC = b"FAKEPLAN"
+
+# (name, LayerType, input tensors, [(output tensor, DataType)]): a small detector. Stem conv, a backbone
+# conv with a sigmoid gate, a shape op (INT32), and two heads (conv -> sigmoid/softmax -> reshape).
+DETECTOR_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
+    ("stem/Conv", "CONVOLUTION", ["images"], [("t0", "FLOAT")]),
+    ("stem/Relu", "ACTIVATION", ["t0"], [("t1", "FLOAT")]),
+    ("backbone/Conv_1", "CONVOLUTION", ["t1"], [("t2", "FLOAT")]),
+    ("backbone/Sigmoid_gate", "ACTIVATION", ["t2"], [("t2g", "FLOAT")]),
+    ("backbone/Mul", "ELEMENTWISE", ["t2", "t2g"], [("t2m", "FLOAT")]),
+    ("shape/Shape", "SHAPE", ["t2m"], [("s0", "INT32")]),
+    ("head/cls/Conv", "CONVOLUTION", ["t2m"], [("t3", "FLOAT")]),
+    ("head/cls/Sigmoid", "ACTIVATION", ["t3"], [("t4", "FLOAT")]),
+    ("head/cls/Reshape", "SHUFFLE", ["t4", "s0"], [("scores", "FLOAT")]),
+    ("head/box/Conv", "CONVOLUTION", ["t2m"], [("t5", "FLOAT")]),
+    ("head/box/Softmax", "SOFTMAX", ["t5"], [("t6", "FLOAT")]),
+    ("head/box/Reshape", "SHUFFLE", ["t6", "s0"], [("boxes", "FLOAT")]),
+]
+
+
+LAYER_TYPES = (
+    "CONVOLUTION",
+    "ACTIVATION",
+    "SHUFFLE",
+    "SLICE",
+    "CONSTANT",
+    "SOFTMAX",
+    "ELEMENTWISE",
+    "CONCATENATION",
+    "SHAPE",
+    "QUANTIZE",
+    "DEQUANTIZE",
+)
+
+
+class FakeDeviceBuffer:
+    """Stands in for engines.cuda_buffers.DeviceBuffer: host bytes behind a made-up device pointer."""
+
+    def __init__(self, allocator: FakeAllocator, nbytes: int, ptr: int) -> None:
+        self.allocator, self.nbytes, self.ptr = allocator, nbytes, ptr
+        self.data = bytearray(nbytes)
+        self.freed = False
+
+    def copy_from_host(self, array: np.ndarray) -> None:
+        assert not self.freed, "copy into a freed buffer"
+        raw = np.ascontiguousarray(array).tobytes()
+        assert len(raw) <= self.nbytes, f"{len(raw)} bytes into a {self.nbytes}-byte buffer"
+        self.data[: len(raw)] = raw
+        self.allocator.copies.append((self.ptr, raw))
+
+    def free(self) -> None:
+        assert not self.freed, "double free"
+        self.freed = True
+
+
+class FakeAllocator:
+    """Allocator for engines.calibrator.BatchFeeder: records allocations and every host->device copy."""
+
+    def __init__(self) -> None:
+        self.buffers: list[FakeDeviceBuffer] = []
+        self.copies: list[tuple[int, bytes]] = []
+
+    def __call__(self, nbytes: int) -> FakeDeviceBuffer:
+        buf = FakeDeviceBuffer(self, nbytes, 0x7F00_0000 + 0x1000 * len(self.buffers))
+        self.buffers.append(buf)
+        return buf
 
 
 def make(
@@ -33,6 +104,14 @@ def make(
     io_api: bool = True,
     dla_cores: int = 0,
     parse_errors: list[tuple[str, str, str]] | None = None,
+    int8: bool = False,
+    constraint_flags: tuple[str, ...] = ("PREFER_PRECISION_CONSTRAINTS", "OBEY_PRECISION_CONSTRAINTS"),
+    calibrators: tuple[str, ...] = (
+        "IInt8EntropyCalibrator2",
+        "IInt8MinMaxCalibrator",
+        "IInt8LegacyCalibrator",
+    ),
+    layers: list[tuple[str, str, list[str], list[tuple[str, str]]]] | None = None,
 ) -> types.ModuleType:
     mod = types.ModuleType("fake_tensorrt")
     mod.__version__ = version
@@ -48,12 +127,16 @@ def make(
     flags = {"GPU_FALLBACK": 3, "REFIT": 4}
     if weak:
         flags.update(FP16=0, INT8=1)
+    if int8:
+        flags.update({name: 10 + i for i, name in enumerate(constraint_flags)})
     mod.BuilderFlag = enum.IntEnum("BuilderFlag", flags)
     mod.MemoryPoolType = enum.IntEnum("MemoryPoolType", {"WORKSPACE": 0})
     mod.DeviceType = enum.IntEnum("DeviceType", {"GPU": 0, "DLA": 1})
     mod.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
-    mod.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT32": 3})
-    mod.nptype = lambda dt: {0: np.float32, 1: np.float16, 3: np.int32}[int(dt)]
+    mod.DataType = enum.IntEnum(
+        "DataType", {"FLOAT": 0, "HALF": 1, "INT32": 3, **({"INT8": 2} if int8 else {})}
+    )
+    mod.nptype = lambda dt: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32}[int(dt)]
 
     class ILogger:
         class Severity(enum.IntEnum):
@@ -92,9 +175,61 @@ def make(
         ParserError.node_name = lambda self: self._name
         ParserError.node_operator = lambda self: self._op
 
+    class Tensor:
+        def __init__(self, name: str, dtype: Any) -> None:
+            self.name, self.dtype = name, dtype
+
+    class Layer:
+        def __init__(self, name: str, kind: str, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+            self.name, self.type = name, mod.LayerType[kind]
+            self._inputs, self._outputs = inputs, outputs
+            self.precision: Any = None  # None: not constrained
+            self.output_types: dict[int, Any] = {}
+
+        @property
+        def num_inputs(self) -> int:
+            return len(self._inputs)
+
+        @property
+        def num_outputs(self) -> int:
+            return len(self._outputs)
+
+        def get_input(self, i: int) -> Tensor:
+            return self._inputs[i]
+
+        def get_output(self, i: int) -> Tensor:
+            return self._outputs[i]
+
+        def set_output_type(self, i: int, dtype: Any) -> None:
+            self.output_types[i] = dtype
+
     class Network:
         def __init__(self, flags: int) -> None:
             self.flags = flags
+            self.layers: list[Layer] = []
+            self.outputs: list[Tensor] = []
+            if int8:
+                tensors: dict[str, Tensor] = {"images": Tensor("images", mod.DataType.FLOAT)}
+                for name, kind, ins, outs in layers or DETECTOR_LAYERS:
+                    made = [Tensor(o, mod.DataType[dt]) for o, dt in outs]
+                    tensors.update({t.name: t for t in made})
+                    self.layers.append(Layer(name, kind, [tensors[i] for i in ins], made))
+                self.outputs = [tensors["scores"], tensors["boxes"]]
+            mod.last_network = self
+
+        @property
+        def num_layers(self) -> int:
+            return len(self.layers)
+
+        def get_layer(self, i: int) -> Layer:
+            return self.layers[i]
+
+        @property
+        def num_outputs(self) -> int:
+            return len(self.outputs)
+
+        def get_output(self, i: int) -> Tensor:
+            return self.outputs[i]
 
     class OnnxParser:
         def __init__(self, network: Network, logger: Any) -> None:
@@ -153,6 +288,9 @@ def make(
     config_attrs["set_timing_cache"] = lambda self, cache, ignore: (
         setattr(self, "timing_cache", cache) or True
     )
+    if int8:
+        config_attrs["int8_calibrator"] = None
+        config_attrs["set_calibration_profile"] = lambda self, p: calls.append(("calibration_profile", p))
     config_attrs["DLA_core"] = -1
     config_attrs["default_device_type"] = None
     if memory_pool:
@@ -192,10 +330,46 @@ def make(
                 mon.phase_finish("Building engine")
             if config.timing_cache is not None:
                 config.timing_cache.keys = sorted({*config.timing_cache.keys, "conv1", "conv2"})
+            cal = getattr(config, "int8_calibrator", None)
+            if cal is not None and mod.BuilderFlag.INT8 in config.flags_set:
+                _calibrate(cal, list(config.profiles[0].shapes) if config.profiles else ["images"])
             shapes = config.profiles[0].shapes if config.profiles else {}
             return PLAN_MAGIC + repr(sorted(shapes.items())).encode()
 
     mod.Builder = Builder
+
+    def _calibrate(cal: Any, names: list[str]) -> None:
+        # TensorRT's order: batch size, cache; without a cache, batches until None, then write the cache.
+        calls.append(("calib_batch_size", cal.get_batch_size()))
+        if hasattr(cal, "get_quantile"):
+            calls.append(("calib_quantile", cal.get_quantile(), cal.get_regression_cutoff()))
+        cached = cal.read_calibration_cache()
+        if cached:
+            calls.append(("calib_cache_read", bytes(cached)))
+            return
+        n = 0
+        while True:
+            ptrs = cal.get_batch(names)
+            if not ptrs:
+                break
+            n += 1
+            calls.append(("calib_batch", list(ptrs)))
+        cal.write_calibration_cache(memoryview(f"FAKE-CALIB-{n}-batches".encode()))
+
+    if int8:
+        mod.LayerType = enum.IntEnum(
+            "LayerType",
+            {k: i for i, k in enumerate(LAYER_TYPES)},
+        )
+
+        def calibrator_class(name: str) -> type:
+            def init(self: Any) -> None:
+                self.base_initialised = True  # a real trampoline crashes without this call
+
+            return type(name, (), {"__init__": init})
+
+        for name in calibrators:
+            setattr(mod, name, calibrator_class(name))
 
     class Engine:
         def __init__(self, io: list[tuple[str, int, tuple[int, ...], int, Any]]) -> None:

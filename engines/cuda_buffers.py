@@ -1,0 +1,129 @@
+"""Device buffers through cuda-python's runtime API, for feeding INT8 calibration batches to TensorRT.
+
+    with cuda_allocator()(nbytes) as buf:     # cudaMalloc once
+        buf.copy_from_host(batch)               # cudaMemcpy host -> device
+        ptr = buf.ptr                           # what TensorRT's get_batch wants
+
+cuda-python is imported lazily (only a calibrating build needs it), as `cuda.bindings.runtime`
+(cuda-python >= 12.6) or the older `cuda.cudart`. Every call returns `(err, *result)`; `cuda_call`
+unwraps that in one place and raises CudaError naming the call and the CUDA error.
+Anything with `.ptr`, `.nbytes`, `copy_from_host(array)` and `free()` can stand in (tests inject a fake).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from engines.errors import EngineError, UnavailableError
+
+
+class CudaError(EngineError):
+    """A CUDA runtime call failed; the message names the call and the CUDA error name."""
+
+
+class DeviceBufferLike(Protocol):
+    ptr: int
+    nbytes: int
+
+    def copy_from_host(self, array: np.ndarray) -> None: ...
+
+    def free(self) -> None: ...
+
+
+Allocator = Callable[[int], DeviceBufferLike]
+
+
+def import_cudart() -> ModuleType:
+    problems = []
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            problems.append(f"{name}: {e}")
+    raise UnavailableError(
+        "device buffers need cuda-python (pip install cuda-python): " + "; ".join(problems)
+    )
+
+
+def cuda_call(cudart: ModuleType, what: str, result: Any) -> Any:
+    """Unwrap cuda-python's `(err, *values)`: None, the one value, or a tuple; CudaError on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != int(cudart.cudaError_t.cudaSuccess):
+        name = cudart.cudaGetErrorName(err)[1]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise CudaError(f"{what} failed: {name} ({int(err)})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+class DeviceBuffer:
+    """`nbytes` of device memory, allocated once. Free explicitly (or use `with`); __del__ is a fallback."""
+
+    def __init__(self, nbytes: int, cudart: ModuleType | None = None) -> None:
+        self._rt = cudart or import_cudart()
+        self.nbytes = int(nbytes)
+        self.ptr: int = int(
+            cuda_call(self._rt, f"cudaMalloc({self.nbytes})", self._rt.cudaMalloc(self.nbytes))
+        )
+
+    def _check(self, array: np.ndarray) -> np.ndarray:
+        if self.ptr == 0:
+            raise CudaError("device buffer used after free()")
+        # cudaMemcpy reads raw bytes from the pointer: the array must be C-contiguous and fit.
+        array = np.ascontiguousarray(array)
+        if array.nbytes > self.nbytes:
+            raise CudaError(
+                f"array of {array.nbytes} bytes does not fit the {self.nbytes}-byte device buffer"
+            )
+        return array
+
+    def copy_from_host(self, array: np.ndarray) -> None:
+        array = self._check(array)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        cuda_call(
+            self._rt,
+            "cudaMemcpy(host -> device)",
+            self._rt.cudaMemcpy(self.ptr, array.ctypes.data, array.nbytes, kind),
+        )
+
+    def copy_to_host(self, array: np.ndarray) -> np.ndarray:
+        """Fill the C-contiguous `array` from the start of the buffer (used to verify copies)."""
+        if not array.flags.c_contiguous:
+            raise CudaError("copy_to_host needs a C-contiguous array")
+        self._check(array)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        cuda_call(
+            self._rt,
+            "cudaMemcpy(device -> host)",
+            self._rt.cudaMemcpy(array.ctypes.data, self.ptr, array.nbytes, kind),
+        )
+        return array
+
+    def free(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            cuda_call(self._rt, "cudaFree", self._rt.cudaFree(ptr))
+
+    def __enter__(self) -> DeviceBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        # Fallback only: interpreter shutdown may have torn down the CUDA context already.
+        with contextlib.suppress(Exception):
+            self.free()
+
+
+def cuda_allocator() -> Allocator:
+    """An Allocator backed by cudaMalloc (imports cuda-python now: fails early and clearly)."""
+    cudart = import_cudart()
+    return lambda nbytes: DeviceBuffer(nbytes, cudart)

@@ -1,0 +1,122 @@
+"""The INT8 part of configuring a TensorRT build (called by engines.builder.build_plan).
+
+    req = Int8Request(method="entropy", samples=500, cache=CalibrationCache(...), batches=..., ...)
+    calibrator = configure_int8(api, network, config, profiles, prepared, spec, req)
+    ... build ...; finish_int8(calibrator, req)   # raises BuildError if calibration failed
+
+Weakly typed + calibrate: INT8 + FP16 flags, a calibrator (entropy/minmax/percentile) fed by a BatchFeeder,
+calibration at profile 0's kOPT shape, and the selected layers constrained to FP16/FP32 with the
+PREFER/OBEY precision-constraint flag. Weakly typed + Q/DQ: INT8 + FP16 flags only. Strongly typed + Q/DQ:
+nothing to configure (the graph carries its precision).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.calibrator import (
+    DEFAULT_QUANTILE,
+    BatchFeeder,
+    BatchSource,
+    CalibrationCache,
+    make_calibrator,
+)
+from engines.compat import BuildSpec
+from engines.cuda_buffers import Allocator
+from engines.errors import BuildError, UnavailableError
+from engines.layer_precision import select_layers
+from engines.precision import PreparedModel
+from engines.settings import DEFAULT_INT8_KEEP_LAYERS, profiles_from_json
+from engines.trt_api import TrtApi
+
+log = logging.getLogger("engines.int8")
+
+
+@dataclass
+class Int8Request:
+    """What a calibrated INT8 build needs beyond the spec; results come back in the last fields."""
+
+    method: str
+    samples: int
+    cache: CalibrationCache
+    batches: BatchSource | None = None
+    allocator: Allocator | None = None  # None: cuda-python (imported only if batches are really fed)
+    quantile: float = DEFAULT_QUANTILE
+    keep_layers: tuple[str, ...] = DEFAULT_INT8_KEEP_LAYERS
+    keep_precision: str = "fp16"
+    constraints: str = "prefer"
+    # results
+    flags: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # layer name -> selector/pattern
+    cache_sha256: str | None = None
+    batches_fed: int = 0
+
+
+def calibration_shape(spec: BuildSpec) -> tuple[str, tuple[int, ...]]:
+    """(input name, kOPT shape of profile 0): the shape TensorRT calibrates at."""
+    profile = profiles_from_json(spec.profiles)[0]
+    if len(profile) != 1:
+        raise UnavailableError(
+            f"INT8 calibration feeds one image input; the model has inputs {sorted(profile)}"
+        )
+    ((name, shapes),) = profile.items()
+    return name, shapes.opt
+
+
+def configure_int8(
+    api: TrtApi,
+    network: Any,
+    config: Any,
+    profiles: list[Any],
+    prepared: PreparedModel,
+    spec: BuildSpec,
+    req: Int8Request | None,
+) -> Any | None:
+    """Configure INT8 on `config`; returns the calibrator (keep it alive until the build returns)."""
+    if not api.weakly_typed:
+        return None  # strongly typed Q/DQ: precision is in the graph
+    if not prepared.calibrate:
+        req_flags = api.set_int8(config, None)  # Q/DQ on weakly typed TensorRT: flags, no calibrator
+        if req is not None:
+            req.flags = req_flags
+        return None
+    if req is None:
+        raise BuildError(f"INT8 calibration of {prepared.onnx_path} was not configured (no Int8Request)")
+    _, shape = calibration_shape(spec)
+    feeder = BatchFeeder(req.batches, shape, req.samples, req.allocator)
+    calibrator = make_calibrator(api, req.method, feeder, req.cache, quantile=req.quantile)
+    if profiles:
+        api.set_calibration_profile(config, profiles[0])
+    req.flags = api.set_int8(config, calibrator)
+
+    layers, outputs = api.network_layers(network)
+    chosen = select_layers(layers, outputs, req.keep_layers)
+    for index in chosen:
+        api.constrain_layer(network, index, req.keep_precision)
+    req.kept = {layers[i].name: why for i, why in chosen.items()}
+    if chosen:
+        flag = api.set_precision_constraints(config, req.constraints)
+        if flag:
+            req.flags.append(flag)
+    log.info(
+        "INT8 (%s, %d samples): %d layers kept in %s: %s",
+        req.method,
+        req.samples,
+        len(chosen),
+        req.keep_precision,
+        ", ".join(req.kept) or "none",
+    )
+    return calibrator
+
+
+def finish_int8(calibrator: Any | None, req: Int8Request | None) -> None:
+    """Free the device buffer; surface a calibration error; record what the calibration produced."""
+    if calibrator is None or req is None:
+        return
+    calibrator.close()
+    req.batches_fed = calibrator.feeder.batches_fed
+    if calibrator.error is not None:
+        raise BuildError(f"INT8 calibration failed: {calibrator.error}") from calibrator.error
+    req.cache_sha256 = calibrator.cache_sha256
