@@ -40,6 +40,7 @@ class CameraRuntime:
     fps_in: RateCounter = field(default_factory=RateCounter)
     fps_out: RateCounter = field(default_factory=RateCounter)
     last_frame_in: int = 0
+    last_capture_ts: float | None = None  # wall-clock capture time of the newest frame published
 
 
 def class_mask(cam_name: str, cam: CameraConfig, labels: list[str], labels_src: str) -> np.ndarray | None:
@@ -106,6 +107,7 @@ class Agent:
             worker.start()
         for cam in self.cameras.values():
             cam.reader.start()
+        process_stats()  # primes psutil's CPU counter so the first telemetry has a real value
         if cfg.telemetry.prometheus_port:
             self.metrics.start_http(cfg.telemetry.prometheus_port)
         self._telemetry_thread = threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True)
@@ -236,6 +238,7 @@ class Agent:
         cam = self.cameras.get(result.frame.camera)
         if cam is not None:
             cam.fps_out.tick()
+            cam.last_capture_ts = result.frame.ts_capture
 
     # ---- telemetry ---------------------------------------------------------------------------
     def _telemetry_loop(self) -> None:
@@ -258,7 +261,10 @@ class Agent:
                 "fps_in": round(cam.fps_in.rate(), 2),
                 "fps_out": round(cam.fps_out.rate(), 2),
                 "dropped": slot.slot.dropped if slot else 0,
-                "frame_age_ms": None,
+                # How stale the newest result is: grows when a camera or the model stalls.
+                "frame_age_ms": None
+                if cam.last_capture_ts is None
+                else round((time.time() - cam.last_capture_ts) * 1000.0, 1),
             }
         fills = [w.batch_fill_sum / w.batches for w in self.workers.values() if w.batches]
         backends = {name: w.backend.name for name, w in self.workers.items()}
