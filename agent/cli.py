@@ -125,6 +125,23 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return run_rebuild(cfg, args.model, args.force, args.precision, args.wait)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level)
+    from agent.calibrate import run_calibrate
+
+    folder = Path(args.source) if args.source else None
+    return run_calibrate(cfg, args.model, folder, args.samples, args.held_out, args.interval)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level)
+    from agent.precision_gate import run_validate
+
+    return run_validate(cfg, args.model, args.precision, args.method, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
@@ -168,6 +185,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rb.add_argument("--log-level", default="warning")
     rb.set_defaults(func=cmd_rebuild)
+
+    cal = sub.add_parser(
+        "calibrate", help="capture the INT8 calibration set (+ held-out gate frames) from cameras or a folder"
+    )
+    cal.add_argument("-c", "--config", required=True)
+    cal.add_argument("--model", help="default: every model")
+    cal.add_argument("--from", dest="source", metavar="DIR", help="images/videos instead of cameras")
+    cal.add_argument("--samples", type=int, help="calibration frames (default: models.M.calibration.samples)")
+    cal.add_argument("--held-out", type=int, help="gate frames on top (default: samples/9, at least 20)")
+    cal.add_argument("--interval", type=float, default=1.0, metavar="S", help="live cameras: seconds apart")
+    cal.add_argument("--log-level", default="warning")
+    cal.set_defaults(func=cmd_calibrate)
+
+    val = sub.add_parser("validate", help="accuracy gate on the held-out frames (exit 0 pass, 1 fail)")
+    val.add_argument("-c", "--config", required=True)
+    val.add_argument("--model", help="default: every model")
+    val.add_argument("--precision", choices=["fp32", "fp16", "int8", "best"], help="default: the model's")
+    val.add_argument("--method", choices=["entropy", "minmax", "percentile"], help="int8 calibration method")
+    val.add_argument("--json", action="store_true", help="print the validation object (+ model, precision)")
+    val.add_argument("--log-level", default="warning")
+    val.set_defaults(func=cmd_validate)
 
     b = sub.add_parser("bench", help="per-stage latency benchmark on the bundled clip (JSON report + plot)")
     b.add_argument("--out", default="bench-out")

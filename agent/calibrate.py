@@ -1,0 +1,471 @@
+"""Calibration sets: frames for INT8 calibration plus a held-out split for the accuracy gate.
+
+    cset = capture_calibration_set(cfg, "detector", folder=None)   # from the model's cameras
+    cset = capture_calibration_set(cfg, "detector", folder=Path("frames/"))
+    cset = load_calibration_set(cfg, "detector")
+    for batch in calibration_batches(cset, model_adapter(cfg, "detector")): ...   # float32 NCHW
+
+Layout: `{engine_dir}/{model}/calibration/` holds `000000.jpg ...` (JPEG quality 95) and
+`calibration.json` (schema edge-agent/calibration-set/1: source, cameras, samples, created_at, frames,
+held_out). The held-out frames are spread evenly over the capture and are never fed to calibration:
+the accuracy gate measures on them. A new capture replaces the whole directory (built in a temp dir
+and renamed), so old frames never mix with new ones and derived INT8 models stored inside go with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import math
+import secrets
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from agent.config import AgentConfig, CameraConfig, ConfigError
+from engines.fsutil import atomic_write_bytes, fsync_dir
+from engines.runtimes.base import TensorSpec
+from engines.settings import onnx_input_shapes
+from pipelines.models import ModelAdapter, make_adapter
+from pipelines.postprocess import load_labels
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "edge-agent/calibration-set/1"
+MANIFEST = "calibration.json"
+JPEG_QUALITY = 95
+MIN_HELD_OUT = 20
+IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+VIDEO_EXTS = frozenset({".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm", ".ts", ".mpg", ".mpeg"})
+# Live cameras: at most one frame per camera per interval, so 500 samples span minutes of scene change.
+DEFAULT_INTERVAL_S = 1.0
+
+
+class CalibrationError(RuntimeError):
+    """Capturing or reading a calibration set failed; the message names the folder, file or camera."""
+
+
+def calibration_dir(cfg: AgentConfig, model: str) -> Path:
+    return cfg.engine_dir / model / "calibration"
+
+
+def default_held_out(samples: int) -> int:
+    """Held-out frames on top of `samples`: every 10th frame of the capture, at least MIN_HELD_OUT."""
+    return max(MIN_HELD_OUT, math.ceil(samples / 9))
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    directory: Path
+    manifest: dict[str, Any]
+
+    @property
+    def calibration_paths(self) -> list[Path]:
+        return [self.directory / f["file"] for f in self.manifest["frames"]]
+
+    @property
+    def held_out_paths(self) -> list[Path]:
+        return [self.directory / f["file"] for f in self.manifest["held_out"]]
+
+    @property
+    def id(self) -> str:
+        """Identity of this capture (derived models are cached against it)."""
+        key = json.dumps([self.manifest["created_at"], self.manifest["frames"], self.manifest["held_out"]])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+# ---- the model side: adapter and batches ---------------------------------------------------------
+
+
+def model_adapter(cfg: AgentConfig, model: str) -> ModelAdapter:
+    """The adapter inference uses for `model`, sized from its ONNX input (no runtime session needed)."""
+    mcfg = cfg.models[model]
+    if mcfg.labels is None:
+        raise ConfigError(f"models.{model}.labels: required to know the class count of {mcfg.onnx}")
+    try:
+        labels = load_labels(mcfg.labels)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"models.{model}.labels: {e}") from None
+    inputs = onnx_input_shapes(mcfg.onnx)
+    if len(inputs) != 1:
+        raise ConfigError(f"models.{model}.onnx: {mcfg.onnx} has inputs {list(inputs)}; expected one image")
+    name, dims = next(iter(inputs.items()))
+    return make_adapter(mcfg.format, TensorSpec(name, dims, np.dtype(np.float32)), len(labels))
+
+
+def read_frames(paths: Iterable[Path]) -> Iterator[np.ndarray]:
+    for p in paths:
+        img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        if img is None:
+            raise CalibrationError(f"cannot read calibration frame {p} (run edge-agent calibrate again)")
+        yield img
+
+
+def calibration_batches(
+    cset: CalibrationSet, adapter: ModelAdapter, batch_size: int = 1, split: str = "calibration"
+) -> Iterator[np.ndarray]:
+    """Preprocessed float32 NCHW batches of the calibration frames (never the held-out ones)."""
+    if split not in ("calibration", "held_out"):
+        raise ValueError(f"split must be 'calibration' or 'held_out', got {split!r}")
+    paths = cset.calibration_paths if split == "calibration" else cset.held_out_paths
+    frames = read_frames(paths)
+    while chunk := list(itertools.islice(frames, batch_size)):
+        yield adapter.preprocess(chunk)[0]
+
+
+def load_calibration_set(cfg: AgentConfig, model: str) -> CalibrationSet:
+    if model not in cfg.models:
+        raise ConfigError(f"models.{model}: unknown model (known: {', '.join(sorted(cfg.models))})")
+    d = calibration_dir(cfg, model)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise CalibrationError(
+            f"model {model}: no calibration set in {d}: run edge-agent calibrate --model {model} first"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CalibrationError(f"{path}: unreadable calibration manifest ({e}); run calibrate again") from e
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise CalibrationError(f"{path}: not a {SCHEMA} manifest; run edge-agent calibrate again")
+    for key in ("frames", "held_out", "created_at"):
+        if key not in manifest:
+            raise CalibrationError(f"{path}: field {key!r} is missing; run edge-agent calibrate again")
+    if not manifest["held_out"]:
+        raise CalibrationError(f"{path}: no held-out frames; run edge-agent calibrate first")
+    return CalibrationSet(d, manifest)
+
+
+# ---- capture -------------------------------------------------------------------------------------
+
+
+class _Writer:
+    """Numbered JPEGs into the temp directory, with a progress bar."""
+
+    def __init__(self, directory: Path, total: int, desc: str, progress: bool) -> None:
+        from tqdm import tqdm
+
+        self.directory = directory
+        self.items: list[dict[str, str]] = []
+        self.total = total
+        self.bar = tqdm(total=total, desc=desc, unit="frame", disable=not progress, leave=False)
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.total
+
+    def add(self, image: np.ndarray, origin: str) -> None:
+        ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+        if not ok:
+            raise CalibrationError(f"cannot encode a frame from {origin} as JPEG")
+        name = f"{len(self.items):06d}.jpg"
+        (self.directory / name).write_bytes(buf.tobytes())
+        self.items.append({"file": name, "origin": origin})
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _uniform(n: int, k: int) -> list[int]:
+    """k indices spread evenly over range(n) (all of them when k >= n)."""
+    if k >= n:
+        return list(range(n))
+    return sorted({int(x) for x in np.rint(np.linspace(0, n - 1, k))})
+
+
+def _video_frames(path: Path) -> int:
+    cap = cv2.VideoCapture(str(path))
+    try:
+        if not cap.isOpened():
+            raise CalibrationError(f"cannot open video {path}")
+        n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        if n <= 0:  # some containers do not say: count by grabbing (no decode)
+            while cap.grab():
+                n += 1
+        return n
+    finally:
+        cap.release()
+
+
+def _sample_video(path: Path, wanted: list[int], writer: _Writer, origin: str) -> int:
+    """Decode `path` once, keeping the frames at the sorted indices `wanted`; returns how many."""
+    wanted_set, got = set(wanted), 0
+    cap = cv2.VideoCapture(str(path))
+    try:
+        for idx in range(wanted[-1] + 1 if wanted else 0):
+            if writer.full or not cap.grab():
+                break
+            if idx in wanted_set:  # retrieve (decode + convert) only the frames kept
+                ok, img = cap.retrieve()
+                if ok and img is not None:
+                    writer.add(img, f"{origin}#{idx}")
+                    got += 1
+    finally:
+        cap.release()
+    return got
+
+
+def _capture_folder(folder: Path, writer: _Writer) -> list[str]:
+    """Images whole, videos sampled uniformly over their length; returns the files used."""
+    if not folder.is_dir():
+        raise CalibrationError(f"calibration folder {folder} does not exist or is not a directory")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTS]
+    videos = [p for p in files if p.suffix.lower() in VIDEO_EXTS]
+    if not images and not videos:
+        raise CalibrationError(
+            f"calibration folder {folder} holds no images ({', '.join(sorted(IMAGE_EXTS))}) "
+            f"or videos ({', '.join(sorted(VIDEO_EXTS))})"
+        )
+    want = writer.total
+    pick_images = [images[i] for i in _uniform(len(images), want)]
+    counts = {v: _video_frames(v) for v in videos}
+    left = max(0, want - len(pick_images))
+    total_frames = sum(counts.values())
+    plan: dict[Path, list[int]] = {}
+    for v, n in counts.items():
+        if left and n:  # proportional to length, at least one frame per video
+            plan[v] = _uniform(n, max(1, round(left * n / total_frames)))
+    used: list[str] = []
+    for p in pick_images:
+        img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        if img is None:
+            log.warning("calibration: skipping unreadable image %s", p)
+            continue
+        writer.add(img, str(p.relative_to(folder)))
+        used.append(str(p.relative_to(folder)))
+    for v, wanted in plan.items():
+        if _sample_video(v, wanted, writer, str(v.relative_to(folder))):
+            used.append(str(v.relative_to(folder)))
+        else:
+            log.warning("calibration: no frame could be read from video %s", v)
+    if not writer.items:
+        raise CalibrationError(f"calibration folder {folder}: none of its images or videos could be read")
+    return used
+
+
+def _is_file_source(cam: CameraConfig) -> bool:
+    url = cam.url
+    if url is None or url.isdigit() or url.startswith("/dev/video"):
+        return False
+    return "://" not in url or url.startswith("file://")
+
+
+def _capture_cameras(
+    cameras: dict[str, CameraConfig], writer: _Writer, interval_s: float, timeout_s: float | None
+) -> list[str]:
+    """Frames spread over cameras and time; returns the cameras that delivered.
+
+    File sources (demo/test clips) are decoded directly and sampled uniformly over their length: a
+    reader at file speed would only give "whatever frame is newest" to a slower consumer. Live
+    sources go through CameraReader + FrameSlot, round-robin (a camera takes a frame only while it is
+    not ahead of the others), at most one frame per camera per `interval_s`.
+    """
+    quota = math.ceil(writer.total / len(cameras))
+    used: list[str] = []
+    live: dict[str, CameraConfig] = {}
+    for name, cam in cameras.items():
+        if not _is_file_source(cam):
+            live[name] = cam
+            continue
+        path = Path(cam.url.removeprefix("file://"))  # type: ignore[union-attr]
+        if not path.is_file():
+            raise CalibrationError(f"cameras.{name}: video file {path} does not exist")
+        n = _video_frames(path)
+        if _sample_video(path, _uniform(n, quota), writer, f"camera:{name}"):
+            used.append(name)
+        else:
+            raise CalibrationError(f"cameras.{name}: no frame could be read from {path}")
+    if live and not writer.full:
+        used += _capture_live(live, writer, interval_s, timeout_s)
+    return sorted(used)
+
+
+def _capture_live(
+    cameras: dict[str, CameraConfig], writer: _Writer, interval_s: float, timeout_s: float | None
+) -> list[str]:
+    readers: dict[str, CameraReader] = {}
+    for name, cam in cameras.items():
+        spec = SourceSpec(
+            camera=name,
+            url=cam.url,
+            pipeline=cam.pipeline,
+            fps=1.0 / interval_s,  # the reader drops the rest before decoding them
+            open_timeout_s=cam.open_timeout_s,
+            read_timeout_s=cam.read_timeout_s,
+            max_failures=3,
+        )
+        readers[name] = CameraReader(spec, FrameSlot())
+    quota = math.ceil((writer.total - len(writer.items)) / len(cameras))
+    if timeout_s is None:
+        timeout_s = 60.0 + 3.0 * quota * interval_s
+    deadline = time.monotonic() + timeout_s
+    counts = dict.fromkeys(readers, 0)
+    next_ts = dict.fromkeys(readers, 0.0)
+    errors: dict[str, str] = {}
+    active = set(readers)
+    for r in readers.values():
+        r.start()
+    try:
+        while active and not writer.full and time.monotonic() < deadline:
+            for name in sorted(active):
+                reader = readers[name]
+                frame = reader.slot.get(timeout=0.05)
+                if frame is None:
+                    if reader.state == "failed" or not reader.is_alive():
+                        errors[name] = f"cameras.{name} ({reader.display}): {reader.reason or 'failed'}"
+                        active.discard(name)
+                    continue
+                if counts[name] > min(counts[n] for n in active) or frame.ts_capture < next_ts[name]:
+                    continue  # ahead of another camera (round-robin), or too soon after its last frame
+                writer.add(frame.image, f"camera:{name}#{frame.frame_id}")
+                counts[name] += 1
+                next_ts[name] = frame.ts_capture + 0.9 * interval_s
+                if writer.full:
+                    break
+    finally:
+        for r in readers.values():
+            r.request_stop()
+        for r in readers.values():
+            r.stop()
+    if not any(counts.values()):
+        detail = "; ".join(errors.values()) or f"no frame within {timeout_s:g} s"
+        raise CalibrationError(f"calibration: no frames captured from cameras {sorted(cameras)}: {detail}")
+    for msg in errors.values():
+        log.warning("calibration: %s", msg)
+    return [n for n, c in counts.items() if c]
+
+
+def capture_calibration_set(
+    cfg: AgentConfig,
+    model: str,
+    folder: Path | None = None,
+    samples: int | None = None,
+    held_out: int | None = None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    timeout_s: float | None = None,
+    progress: bool = True,
+) -> CalibrationSet:
+    """Capture `samples` calibration frames plus `held_out` gate frames for `model` and store them.
+
+    Source: `folder` (or `models.M.calibration.folder` when its source is `folder`), else the enabled
+    cameras whose `model` is `model`.
+    """
+    if model not in cfg.models:
+        raise ConfigError(f"models.{model}: unknown model (known: {', '.join(sorted(cfg.models))})")
+    mcfg = cfg.models[model]
+    samples = samples if samples is not None else mcfg.calibration.samples
+    if samples < 1:
+        raise CalibrationError(f"model {model}: samples must be >= 1, got {samples}")
+    held_out = held_out if held_out is not None else default_held_out(samples)
+    if held_out < 1:
+        raise CalibrationError(f"model {model}: held_out must be >= 1, got {held_out}")
+    if folder is None and mcfg.calibration.source == "folder":
+        if mcfg.calibration.folder is None:
+            raise ConfigError(f"models.{model}.calibration.folder: required when source is 'folder'")
+        folder = mcfg.calibration.folder
+    cameras = {n: c for n, c in cfg.cameras.items() if c.model == model and c.enabled}
+    if folder is None and not cameras:
+        raise CalibrationError(
+            f"model {model}: no enabled camera uses it; give a folder (edge-agent calibrate --from DIR)"
+        )
+
+    final = calibration_dir(cfg, model)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".calibration.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    total = samples + held_out
+    writer = _Writer(tmp, total, f"calibrate {model}", progress)
+    try:
+        if folder is not None:
+            used = _capture_folder(Path(folder), writer)
+            source, sources = "folder", {"folder": str(folder), "files": used, "cameras": []}
+        else:
+            used = _capture_cameras(cameras, writer, interval_s, timeout_s)
+            source, sources = "cameras", {"folder": None, "cameras": used}
+        writer.close()
+        n = len(writer.items)
+        n_held = min(round(held_out * n / total), n - 1) if n < total else held_out
+        if n_held < 1:
+            raise CalibrationError(
+                f"model {model}: only {n} frame(s) from {folder or sorted(cameras)}: "
+                "need at least 2 (one calibration, one held-out)"
+            )
+        if n < total:
+            log.warning("calibration of %s: got %d of %d frames (source ran out)", model, n, total)
+        # Held-out positions spread evenly over the capture (every k-th frame): all scenes/cameras.
+        held_idx = set(_uniform(n, n_held)) if n_held < n else set(range(n))
+        manifest = {
+            "schema": SCHEMA,
+            "model": model,
+            "source": source,
+            **sources,
+            "samples": n - len(held_idx),
+            "held_out_count": len(held_idx),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "jpeg_quality": JPEG_QUALITY,
+            "frames": [f for i, f in enumerate(writer.items) if i not in held_idx],
+            "held_out": [f for i, f in enumerate(writer.items) if i in held_idx],
+        }
+        atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+        # Swap directories: the old set (and INT8 models derived from it) goes as a whole.
+        old = None
+        if final.exists():
+            old = final.with_name(f".calibration.old-{secrets.token_hex(4)}")
+            final.rename(old)
+        tmp.rename(final)
+        fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        writer.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(
+        "calibration set for %s: %d + %d held-out frames in %s",
+        model,
+        manifest["samples"],
+        manifest["held_out_count"],
+        final,
+    )
+    return CalibrationSet(final, manifest)
+
+
+def run_calibrate(
+    cfg: AgentConfig,
+    model: str | None,
+    folder: Path | None,
+    samples: int | None,
+    held_out: int | None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+) -> int:
+    """`edge-agent calibrate`: 0 when every set was stored, 2 on an error (printed, naming the source)."""
+    import sys
+
+    names = [model] if model else sorted(cfg.models)
+    for name in names:
+        try:
+            cset = capture_calibration_set(
+                cfg, name, folder, samples, held_out, interval_s, progress=sys.stderr.isatty()
+            )
+        except (CalibrationError, ConfigError, OSError) as e:
+            print(f"edge-agent calibrate: {e}", file=sys.stderr)
+            return 2
+        m = cset.manifest
+        where = m["folder"] if m["source"] == "folder" else "cameras " + ", ".join(m["cameras"])
+        print(
+            f"{name}: {m['samples']} calibration + {m['held_out_count']} held-out frames "
+            f"from {where} -> {cset.directory}"
+        )
+    return 0

@@ -1,0 +1,360 @@
+"""INT8 post-training quantisation to a TensorRT-compatible Q/DQ ONNX.
+
+    info = make_qdq_onnx(src, dst, batches, "entropy")   # {method, samples, sha256, excluded, ...}
+
+The Q/DQ graph is what strongly typed TensorRT (RTX, 11) builds INT8 from, and what ONNX Runtime runs
+for the accuracy gate. Settings follow TensorRT's explicit-quantisation rules: symmetric int8
+activations and weights (TensorRT supports zero point 0 only), per-channel weights, bias left in float
+(an Int32 DequantizeLinear on the bias is rejected by the parser, FEASIBILITY.md), Q/DQ only around
+Conv by default (ORT's Entropy calibration of every op hit inf ranges on NanoDet).
+
+Sensitive nodes are kept in float: by default the first quantisable layer (it sees raw pixel ranges)
+and the output heads (class scores and box distributions are decoded with thresholds / softmax).
+Exported names are often meaningless (tf2onnx: `Conv__145`), so they are found from the graph
+structure; `exclude_nodes` adds names or fnmatch patterns on top.
+
+ONNX Runtime's quantiser is the default engine; NVIDIA ModelOpt's ONNX PTQ is used when asked for
+and importable (never installed by us).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import io
+import itertools
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+
+from engines.errors import BuildError, UnavailableError
+from engines.fsutil import fsync_dir, temp_path_for
+
+log = logging.getLogger("engines.quantize")
+
+Method = Literal["entropy", "minmax", "percentile"]
+METHODS: tuple[str, ...] = ("entropy", "minmax", "percentile")
+DEFAULT_OP_TYPES: tuple[str, ...] = ("Conv",)
+QUANTIZABLE_OP_TYPES: frozenset[str] = frozenset({"Conv", "Gemm", "MatMul"})
+# No CalibMaxIntermediateOutputs: in ORT 1.31 MinMax then *discards* each full chunk unreduced (only
+# the last partial chunk is used) and the histogram calibrators ignore it. ORT keeps every calibrated
+# tensor of every sample in memory instead (see calibration_memory note in the README).
+STEM_LAYERS = 2
+# Bump when the recipe (placement, exclusions, settings) changes: cached Q/DQ models are rebuilt.
+RECIPE = "ort-qdq-sym-perchannel-nobias/stem2-heads/1"
+
+
+class QuantizationError(BuildError):
+    """Quantisation failed; the message names the ONNX file and the step."""
+
+
+# ---- graph analysis ---------------------------------------------------------------------------
+
+
+def onnx_input(model: onnx.ModelProto, where: str) -> tuple[str, tuple[int | None, ...]]:
+    """The single image input (initializers excluded): name and dims (None = dynamic)."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise QuantizationError(f"{where}: expected exactly one input, found {[i.name for i in inputs]}")
+    dims = tuple(
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+        for d in inputs[0].type.tensor_type.shape.dim
+    )
+    return inputs[0].name, dims
+
+
+def sensitive_nodes(
+    model: onnx.ModelProto, op_types: Iterable[str] = DEFAULT_OP_TYPES, stem_layers: int = STEM_LAYERS
+) -> list[str]:
+    """Quantisable nodes that should stay float: the stem and the output heads.
+
+    Stem: quantisable nodes at most `stem_layers` quantisable layers deep from the image input
+    (through Pad, Cast, MaxPool, ...). They see raw pixel statistics, were the most sensitive layers
+    of NanoDet in a per-layer sweep, and have few channels, so keeping them float costs little.
+    Heads: quantisable nodes that reach a graph output through non-quantisable ops only (the
+    Split/Sigmoid/Reshape after the last convs). Found from the graph, so meaningless exported names
+    (tf2onnx's `Conv__145`) do not matter.
+    """
+    ops = set(op_types)
+    nodes = list(model.graph.node)  # ONNX requires topological order
+    inits = {i.name for i in model.graph.initializer}
+    # Quantisable-layer depth of every image-derived tensor (constants stay absent).
+    depth: dict[str, int] = {i.name: 0 for i in model.graph.input if i.name not in inits}
+    found: list[str] = []
+    for n in nodes:
+        d_in = max((depth[t] for t in n.input if t in depth), default=None)
+        if d_in is None:
+            continue
+        d_out = d_in + 1 if n.op_type in ops else d_in
+        if n.op_type in ops and d_out <= stem_layers and n.name:
+            found.append(n.name)
+        for t in n.output:
+            depth[t] = d_out
+
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for inp in n.input:
+            consumers.setdefault(inp, []).append(n)
+    graph_outputs = {o.name for o in model.graph.output}
+
+    def reaches_output(start: Iterable[str]) -> bool:
+        seen: set[str] = set()
+        stack = list(start)
+        while stack:
+            t = stack.pop()
+            if t in graph_outputs:
+                return True
+            if t in seen:
+                continue
+            seen.add(t)
+            for nxt in consumers.get(t, []):
+                if nxt.op_type not in ops:  # another quantisable layer stops the walk
+                    stack.extend(nxt.output)
+        return False
+
+    for n in nodes:
+        if n.op_type in ops and n.name and n.name not in found and reaches_output(n.output):
+            found.append(n.name)
+    return found
+
+
+def resolve_exclusions(
+    model: onnx.ModelProto, patterns: Iterable[str], op_types: Iterable[str], where: str
+) -> list[str]:
+    """Node names matching names or fnmatch patterns among the quantisable nodes; unknown names fail."""
+    ops = set(op_types)
+    names = [n.name for n in model.graph.node if n.op_type in ops and n.name]
+    out: list[str] = []
+    for pat in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            raise QuantizationError(
+                f"{where}: exclude pattern {pat!r} matches no {'/'.join(sorted(ops))} node "
+                f"(e.g. {', '.join(names[:3])})"
+            )
+        out.extend(h for h in hits if h not in out)
+    return out
+
+
+# ---- calibration data -------------------------------------------------------------------------
+
+
+class _Reader:
+    """ORT CalibrationDataReader over NCHW batches, re-chunked to the model's fixed batch dim."""
+
+    def __init__(self, input_name: str, fixed_batch: int | None, batches: Iterable[np.ndarray]) -> None:
+        self.input_name = input_name
+        self.samples = 0
+        self._it = self._feeds(fixed_batch, batches)
+
+    def _feeds(self, fixed: int | None, batches: Iterable[np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        for batch in batches:
+            batch = np.ascontiguousarray(batch, dtype=np.float32)
+            if batch.ndim != 4:
+                raise QuantizationError(f"calibration batch has shape {batch.shape}; expected NCHW")
+            self.samples += batch.shape[0]
+            if fixed is None:
+                yield {self.input_name: batch}
+                continue
+            # A partial last chunk is dropped rather than zero-padded: zeros would skew the ranges.
+            for i in range(0, batch.shape[0] - fixed + 1, fixed):
+                yield {self.input_name: batch[i : i + fixed]}
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _LogWriter(io.TextIOBase):
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("quantiser: %s", text.strip())
+        return len(text)
+
+
+_ORT_NOISE = ("pre-process",)
+
+
+@contextlib.contextmanager
+def _quiet_root(fragments: tuple[str, ...]) -> Iterator[None]:
+    def keep(record: logging.LogRecord) -> bool:
+        return not any(f in record.getMessage() for f in fragments)
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
+# ---- the quantiser ----------------------------------------------------------------------------
+
+
+def make_qdq_onnx(
+    src: Path,
+    dst: Path,
+    batches: Iterable[np.ndarray],
+    method: Method = "entropy",
+    exclude_nodes: list[str] | None = None,
+    percentile: float = 99.99,
+    *,
+    op_types: Iterable[str] = DEFAULT_OP_TYPES,
+    auto_exclude: bool = True,
+    engine: Literal["ort", "modelopt"] = "ort",
+) -> dict[str, Any]:
+    """Write an INT8 Q/DQ copy of `src` to `dst` (atomically), calibrated on `batches`.
+
+    `batches`: preprocessed float32 NCHW arrays (any batch size; re-chunked to a fixed ONNX batch).
+    `exclude_nodes`: node names or fnmatch patterns kept float, added to the automatically found
+    sensitive nodes (first layer, output heads) unless `auto_exclude` is False.
+    Returns {method, samples, sha256, percentile, op_types, excluded, engine}.
+    """
+    src, dst = Path(src), Path(dst)
+    if method not in METHODS:
+        raise QuantizationError(f"calibration method {method!r} is not one of {list(METHODS)}")
+    op_types = tuple(op_types)
+    bad = set(op_types) - QUANTIZABLE_OP_TYPES
+    if bad:
+        raise QuantizationError(f"op types {sorted(bad)} cannot be quantised here (use Conv/Gemm/MatMul)")
+    if not 0.0 < percentile <= 100.0:
+        raise QuantizationError(f"percentile must be in (0, 100], got {percentile}")
+    try:
+        model = onnx.load(str(src))
+    except FileNotFoundError:
+        raise QuantizationError(f"ONNX model {src} does not exist") from None
+    except Exception as e:
+        raise QuantizationError(f"cannot read ONNX model {src}: {e}") from e
+    input_name, dims = onnx_input(model, str(src))
+    fixed = dims[0] if dims else None
+    excluded = sensitive_nodes(model, op_types) if auto_exclude else []
+    for name in resolve_exclusions(model, exclude_nodes or [], op_types, str(src)):
+        if name not in excluded:
+            excluded.append(name)
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        raise QuantizationError(f"{src}: no calibration samples were given (empty calibration set?)")
+    reader = _Reader(input_name, fixed, itertools.chain([first], it))
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(dst)
+    try:
+        # ORT prints calibration progress to stdout (would corrupt `validate --json`) and logs a
+        # "consider pre-processing" warning on the root logger every call: send both to our log.
+        with contextlib.redirect_stdout(_LogWriter()), _quiet_root(_ORT_NOISE):
+            if engine == "modelopt":
+                _quantize_modelopt(src, tmp, reader, method, excluded, op_types, percentile)
+            else:
+                _quantize_ort(src, tmp, reader, method, excluded, op_types, percentile)
+        if reader.samples == 0:
+            raise QuantizationError(f"{src}: no calibration samples were given")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except QuantizationError:
+        raise
+    except Exception as e:  # ORT/ModelOpt raise plain exceptions; name the files
+        raise QuantizationError(f"{engine} INT8 quantisation of {src} -> {dst} failed: {e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent)
+    info = {
+        "method": method,
+        "samples": reader.samples,
+        "sha256": sha256_of(dst),
+        "percentile": percentile if method == "percentile" else None,
+        "op_types": list(op_types),
+        "excluded": excluded,
+        "engine": engine,
+        "recipe": RECIPE,
+    }
+    log.info("INT8 Q/DQ %s from %s: %s", dst, src, info)
+    return info
+
+
+def _quantize_ort(
+    src: Path,
+    out: Path,
+    reader: _Reader,
+    method: str,
+    excluded: list[str],
+    op_types: tuple[str, ...],
+    percentile: float,
+) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    calib = {
+        "entropy": CalibrationMethod.Entropy,
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+    }[method]
+    extra = {
+        "ActivationSymmetric": True,  # TensorRT: zero point must be 0
+        "WeightSymmetric": True,
+        "QuantizeBias": False,  # Int32 bias DQ is rejected by TensorRT's parser
+        "CalibTensorRangeSymmetric": True,
+        "CalibPercentile": percentile,
+    }
+    # quantize_static keeps its augmented calibration model in its own temp dir, not in engine_dir.
+    quantize_static(
+        model_input=str(src),
+        model_output=str(out),
+        calibration_data_reader=reader,
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=list(op_types),
+        per_channel=True,
+        reduce_range=False,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=excluded,
+        calibrate_method=calib,
+        extra_options=extra,
+    )
+
+
+def _quantize_modelopt(
+    src: Path,
+    out: Path,
+    reader: _Reader,
+    method: str,
+    excluded: list[str],
+    op_types: tuple[str, ...],
+    percentile: float,
+) -> None:
+    """NVIDIA ModelOpt ONNX PTQ (unverified here: modelopt is not installed in CI)."""
+    try:
+        from modelopt.onnx.quantization import quantize as mo_quantize
+    except ImportError as e:
+        raise UnavailableError("engine 'modelopt' needs nvidia-modelopt[onnx] (pip install it)") from e
+    if method == "percentile":
+        raise QuantizationError("ModelOpt has no percentile calibration; use entropy or minmax")
+    feeds = []
+    while (feed := reader.get_next()) is not None:
+        feeds.append(feed[reader.input_name])
+    if not feeds:
+        raise QuantizationError(f"{src}: no calibration samples were given")
+    mo_quantize(
+        onnx_path=str(src),
+        quantize_mode="int8",
+        calibration_data=np.concatenate(feeds),
+        calibration_method="entropy" if method == "entropy" else "max",
+        calibration_eps=["cpu"],
+        nodes_to_exclude=excluded,
+        op_types_to_quantize=list(op_types),
+        output_path=str(out),
+    )
