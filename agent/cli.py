@@ -54,10 +54,10 @@ def setup_logging(level: str) -> None:
         logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
-def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False) -> int:
+def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False, config_path: Path | None = None) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
 
-    agent = Agent(cfg, quiet_mqtt=quiet_mqtt)
+    agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path)
     try:
         agent.start()
     except (ConfigError, OSError, RuntimeError) as exc:
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_config:
         print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
         return 0
-    return _run_agent(cfg)
+    return _run_agent(cfg, config_path=Path(args.config).resolve())
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -56,7 +56,14 @@ def class_mask(cam_name: str, cam: CameraConfig, labels: list[str], labels_src: 
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, *, console: bool | None = None, quiet_mqtt: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        console: bool | None = None,
+        quiet_mqtt: bool = False,
+        config_path: Path | None = None,
+    ) -> None:
         self.cfg = cfg
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -71,7 +78,9 @@ class Agent:
         self._quiet_mqtt = quiet_mqtt
         self._console = ConsoleSink(self.labels) if (cfg.console if console is None else console) else None
         self._telemetry_thread: threading.Thread | None = None
-        self.engines = EngineManager(cfg, self._publish_engine, self._swap_backend, __version__)
+        self.engines = EngineManager(
+            cfg, self._publish_engine, self._swap_backend, __version__, config_path=config_path
+        )
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, ModelConfig
-from agent.engine_manager import build_settings, trt_flavor
+from agent.engine_settings import build_settings, trt_flavor
+from agent.precision_job import resolved_settings
 from engines.builder import build
 from engines.compat import check
 from engines.errors import BuildLockedError, EngineError
@@ -56,16 +57,19 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     worst = 0
     for name, mcfg in _selected(cfg, model).items():
         try:
-            _, fp = _engine_target(name, mcfg)
-            result = check(EngineStore(cfg.engine_dir), name, build_settings(mcfg), fp)
-            entry = {
-                "status": result.status,
-                "reasons": result.reasons,
-                "key": result.key,
-                "device": fp.describe(),
-                "fingerprint": fp.manifest_dict(),
-            }
-            worst = max(worst, 0 if result.ok else 1)
+            api, fp = _engine_target(name, mcfg)
+            settings, gate, why = resolved_settings(cfg, name, None, api.weakly_typed)
+            entry = {"device": fp.describe(), "fingerprint": fp.manifest_dict()}
+            if settings is None:
+                entry.update(status="rebuild", reasons=[why], key=None)
+            else:
+                result = check(EngineStore(cfg.engine_dir), name, settings, fp)
+                entry.update(status=result.status, reasons=result.reasons, key=result.key)
+                if gate is not None:
+                    entry["validation"] = {
+                        k: gate.get(k) for k in ("precision", "value", "threshold", "passed")
+                    }
+            worst = max(worst, 0 if entry["status"] == "ok" else 1)
         except _Skip as why:
             entry = {"status": "ok", "reasons": [], "key": None, "note": str(why)}
         except EngineError as exc:
@@ -134,6 +138,10 @@ def run_rebuild(
             # affect the plan; real build failures still arrive as BuildError with TensorRT's messages.
             logging.getLogger("engines.trt").setLevel(logging.CRITICAL)
         progress = _Progress(name)
+        requested = precision or mcfg.precision
+        if requested != "fp32":
+            rc = max(rc, _rebuild_gated(cfg, name, requested, force, progress))
+            continue
         try:
             result = build(
                 EngineStore(cfg.engine_dir),
@@ -163,3 +171,24 @@ def run_rebuild(
         else:
             print(f"{name}: {result.message}")
     return rc
+
+
+def _rebuild_gated(cfg: AgentConfig, name: str, requested: str, force: bool, progress: _Progress) -> int:
+    """fp16 / int8 / best: accuracy gate first, then the build of what passed (agent/precision_job.py)."""
+    from agent.precision_job import run_job
+
+    result = run_job(cfg, name, requested, force, lambda ev: progress(ev["phase"], ev["step"], ev["total"]))
+    progress.close()
+    if not result["ok"]:
+        print(f"{name}: {result['error']}", file=sys.stderr)
+        return 2
+    for t in result["tried"]:
+        verdict = "passed" if t.get("passed") else f"failed: {t.get('reason')}"
+        print(f"{name}: gate {t['precision']}{'/' + t['method'] if t.get('method') else ''} {verdict}")
+    v = result["validation"] or {}
+    what = (
+        f"built engine {result['key']} in {result['build_s']:.1f} s" if result["built"] else result["message"]
+    )
+    gate = f"map50 {v.get('value')}, threshold {v.get('threshold')}"
+    print(f"{name}: {requested} -> {result['precision']} ({gate}): {what}")
+    return 0

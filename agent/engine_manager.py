@@ -20,9 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from agent.config import AgentConfig, ConfigError, ModelConfig
+from agent.engine_settings import build_settings, trt_flavor
 from engines.buildproc import BuildProcess, start_build_process
 from engines.compat import check
 from engines.errors import EngineError
@@ -30,7 +34,6 @@ from engines.fingerprint import Fingerprint, probe_fingerprint
 from engines.runtimes.base import Backend, BackendError
 from engines.runtimes.ort import OrtBackend
 from engines.runtimes.tensorrt import TensorRTBackend
-from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.trt_api import TrtApi, import_trt
 
@@ -40,27 +43,10 @@ StatePublisher = Callable[[str, dict[str, Any]], None]
 Swapper = Callable[[str, Backend], None]
 
 
-def build_settings(cfg: ModelConfig, precision: str | None = None) -> BuildSettings:
-    return BuildSettings(
-        onnx=cfg.onnx,
-        precision=precision or cfg.precision,
-        batch=(cfg.batch.min, cfg.batch.opt, cfg.batch.max),
-        workspace_bytes=cfg.engine.workspace_mb << 20,
-        optimization_level=cfg.engine.optimization_level,
-        dla_core=cfg.engine.dla_core,
-        target_compute_capability=cfg.engine.target_compute_capability,
-    )
-
-
 def open_ort(name: str, cfg: ModelConfig) -> Backend:
     backend = OrtBackend(str(cfg.onnx), intra_threads=cfg.threads.intra, inter_threads=cfg.threads.inter)
     backend.load()
     return backend
-
-
-def trt_flavor(cfg: ModelConfig) -> str | None:
-    """The TensorRT flavour a model asks for (None: any)."""
-    return cfg.backend if cfg.backend in ("tensorrt", "tensorrt_rtx") else None
 
 
 @dataclass
@@ -84,7 +70,9 @@ class EngineManager:
         swap: Swapper,
         agent_version: str,
         watch_interval_s: float = 2.0,
+        config_path: Path | None = None,
     ) -> None:
+        self._config_path = config_path
         self.cfg = cfg
         self._publish = publish
         self._swap = swap
@@ -144,7 +132,24 @@ class EngineManager:
         with self._lock:
             self._models[name] = me
         self._set(me, state="checking", backend="onnxruntime")
-        result = check(store, name, build_settings(cfg), fp)
+        settings, report, why = self._settings(me)
+        if settings is None:
+            backend = open_ort(name, cfg)
+            log.warning("model %s: %s; ONNX Runtime serves (fallback) while the gate runs", name, why)
+            self._set(
+                me,
+                state="fallback",
+                backend=backend.name,
+                precision=backend.precision,
+                reasons=[why],
+                key=None,
+                loaded=False,
+            )
+            self.rebuild(name)
+            return backend
+        if report is not None:
+            self._set(me, validation=_state_validation(report))
+        result = check(store, name, settings, fp)
         me.seen = self._listing(name)
         if result.ok:
             trt = self._try_load(me, result.key)
@@ -199,21 +204,33 @@ class EngineManager:
 
     # ---- builds --------------------------------------------------------------------------------
     def rebuild(self, name: str, force: bool = False, precision: str | None = None) -> bool:
-        """Start a child-process build of `name`; False when one is already running."""
+        """Start a child-process build of `name`; False when one is already running.
+
+        fp32 goes straight to engines.buildproc; fp16/int8/best go through the precision job (gate, then
+        build), which needs the config file."""
         with self._lock:
             me = self._models[name]
             if me.build is not None:
                 return False
-            settings = build_settings(me.cfg, precision)
-            me.build = start_build_process(
-                name,
-                settings,
-                self.cfg.engine_dir,
-                force=force,
-                on_event=lambda ev: self._on_build_event(me, ev),
-                agent_version=self._version,
-                trt_flavor=me.api.flavor,
-            )
+            requested = precision or me.cfg.precision
+            on_event = lambda ev: self._on_build_event(me, ev)  # noqa: E731
+            if requested == "fp32":
+                me.build = start_build_process(
+                    name,
+                    build_settings(me.cfg, "fp32"),
+                    self.cfg.engine_dir,
+                    force=force,
+                    on_event=on_event,
+                    agent_version=self._version,
+                    trt_flavor=me.api.flavor,
+                )
+            elif self._config_path is None:
+                self._set(me, state="failed", error=f"precision {requested} needs the daemon's config file")
+                return False
+            else:
+                from agent.precision_job import start_precision_job
+
+                me.build = start_precision_job(self._config_path, name, requested, force, on_event)
         self._set(me, state="building", progress=None, error=None)
         threading.Thread(target=self._finish_build, args=(me,), name=f"build-{name}", daemon=True).start()
         return True
@@ -251,6 +268,8 @@ class EngineManager:
             self._set(me, state="failed", error=error, progress=None)
             return
         log.info("model %s: %s", me.name, result.get("message"))
+        if result.get("validation"):
+            self._set(me, validation=_state_validation(result["validation"]), tried=result.get("tried", []))
         key = result.get("key")
         build_s = result.get("build_s") if result.get("built") else me.state.get("build_s")
         self._set(
@@ -278,9 +297,20 @@ class EngineManager:
         trt = TensorRTBackend(self.store, me.name, key, api=me.api, fingerprint=me.fingerprint)
         try:
             trt.load()
-        except BackendError as exc:
+            _warm_up(trt)  # an engine that cannot execute is never swapped in
+        except (BackendError, NotImplementedError) as exc:
+            trt.close()
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
-            self._set(me, state="ready", key=key, plan_sha256=plan_sha, loaded=False, load_error=str(exc))
+            precision = manifest.build.get("precision") if manifest else None
+            self._set(
+                me,
+                state="ready",
+                key=key,
+                plan_sha256=plan_sha,
+                loaded=False,
+                load_error=str(exc),
+                precision=precision,
+            )
             return None
         me.loaded_key = key
         me.state["plan_sha256"] = plan_sha
@@ -310,7 +340,10 @@ class EngineManager:
             if listing == me.seen:
                 return
             me.seen = listing
-        result = check(self.store, me.name, build_settings(me.cfg), me.fingerprint)
+        settings, _, _ = self._settings(me)
+        if settings is None:
+            return
+        result = check(self.store, me.name, settings, me.fingerprint)
         manifest = result.manifest
         if not result.ok or manifest is None:
             return
@@ -318,6 +351,11 @@ class EngineManager:
             log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
             self._set(me, build_s=manifest.build.get("build_s"), reasons=[])
             self._adopt(me, result.key)
+
+    def _settings(self, me: ModelEngine) -> tuple[Any, dict[str, Any] | None, str]:
+        from agent.precision_job import resolved_settings
+
+        return resolved_settings(self.cfg, me.name, None, me.api.weakly_typed)
 
     # ---- state -----------------------------------------------------------------------------------
     def _set(self, me: ModelEngine, **fields: Any) -> None:
@@ -330,3 +368,15 @@ class EngineManager:
     def state_of(self, name: str) -> dict[str, Any]:
         me = self._models.get(name)
         return dict(me.state) if me else {}
+
+
+def _state_validation(report: dict[str, Any]) -> dict[str, Any]:
+    """The engine state's `validation` (DESIGN.md: metric, value, threshold, passed) and its precision."""
+    return {k: report.get(k) for k in ("metric", "value", "threshold", "passed", "precision", "requested")}
+
+
+def _warm_up(backend: Backend) -> None:
+    """One inference on zeros at the smallest profile shape: proves the engine executes here."""
+    spec = backend.input_spec
+    shape = tuple(1 if d is None else d for d in spec.shape)
+    backend.infer(np.zeros(shape, dtype=spec.dtype))

@@ -166,6 +166,18 @@ class EngineStore:
         self.prune(model, protect=key)
         return Manifest(manifest.fingerprint, manifest.build, manifest.validation, json_path)
 
+    def set_validation(self, model: str, key: str, validation: dict | None) -> Manifest:
+        """Record the accuracy gate's result in an engine's manifest (atomic rewrite; hold the lock)."""
+        m = self.manifest(model, key)
+        if m is None:
+            raise StoreError(f"no manifest {self.manifest_path(model, key)} to record validation in")
+        updated = Manifest(m.fingerprint, m.build, validation, m.path)
+        try:
+            atomic_write_bytes(self.manifest_path(model, key), updated.to_json().encode())
+        except OSError as e:
+            raise StoreError(f"cannot write {self.manifest_path(model, key)}: {_reason(e)}") from e
+        return updated
+
     def prune(self, model: str, protect: str | None = None) -> list[str]:
         """Keep the `keep` newest keys (and `protect`); delete the rest. Returns the removed keys."""
         removed = []

@@ -1,0 +1,250 @@
+"""Reduced-precision engines: calibration set -> accuracy gate -> build what passed -> validation recorded.
+
+    settings, report, why = resolved_settings(cfg, "detector")    # None + why: the gate must run first
+    result = run_job(cfg, "detector", "best", force=False, emit=print)
+
+fp32 needs no gate. fp16, int8 and best run the gate (agent/precision_gate.py) on the held-out frames of
+the model's calibration set (captured from its cameras when there is none yet) and build the first
+precision that passes, from the requested one down (int8 -> fp16 -> fp32); the gate's result goes into
+the engine manifest (`validation`) and the MQTT engine state. Strongly typed TensorRT (11, RTX) builds
+INT8 from the Q/DQ ONNX the gate measured; weakly typed TensorRT (<= 10) from the same calibration
+frames through its INT8 calibrator. The gate evaluates candidates on ONNX Runtime (the candidate ONNX
+graphs); evaluating the built engine itself needs engine execution, which arrives with the multi-stream
+work.
+
+The daemon runs `python -m agent.precision_job -c CONFIG --model M` as a child process: it prints the
+same JSON lines as engines.buildproc (progress events, then one result), so both are handled alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.calibrate import (
+    CalibrationError,
+    CalibrationSet,
+    calibration_batches,
+    capture_calibration_set,
+    load_calibration_set,
+    model_adapter,
+)
+from agent.config import AgentConfig, ConfigError, load_config
+from agent.engine_settings import build_settings, trt_flavor
+from agent.precision_gate import candidate_model, manifest_validation, read_report, run_gate, write_report
+from engines.builder import build
+from engines.buildproc import BuildProcess
+from engines.errors import EngineError
+from engines.fingerprint import probe_fingerprint
+from engines.settings import BuildSettings
+from engines.store import EngineStore
+from engines.trt_api import import_trt
+
+log = logging.getLogger(__name__)
+Event = dict[str, Any]
+_REPO = str(Path(__file__).resolve().parent.parent)
+
+
+def _settings_for(
+    cfg: AgentConfig,
+    model: str,
+    precision: str,
+    cset: CalibrationSet | None,
+    method: str | None,
+    weakly_typed: bool,
+) -> BuildSettings:
+    mcfg = cfg.models[model]
+    settings = build_settings(mcfg, precision)
+    if precision != "int8":
+        return settings
+    assert cset is not None
+    method = method or mcfg.calibration.method
+    record = {"method": method, "samples": len(cset.calibration_paths), "data_id": cset.id}
+    if weakly_typed:
+        return replace(settings, calibration=record)  # TensorRT's calibrator reads the same frames
+    cand = candidate_model(cfg, model, "int8", cset, method)  # cached: the very file the gate measured
+    return replace(settings, qdq_onnx=cand.onnx, calibration=record)
+
+
+def resolved_settings(
+    cfg: AgentConfig, model: str, precision: str | None = None, weakly_typed: bool = False
+) -> tuple[BuildSettings | None, dict[str, Any] | None, str]:
+    """Build settings for `precision` (default: configured) as the last gate decided it.
+
+    Returns (settings, gate report, ""), or (None, None, why) when the gate has to run first.
+    """
+    requested = precision or cfg.models[model].precision
+    if requested == "fp32":
+        return build_settings(cfg.models[model], "fp32"), None, ""
+    try:
+        cset = load_calibration_set(cfg, model)
+    except CalibrationError:
+        return (
+            None,
+            None,
+            f"precision {requested} needs the accuracy gate, and there is no calibration set yet",
+        )
+    report = read_report(cfg, model, requested)
+    if report is None or report.get("calibration_id") != cset.id:
+        return None, None, f"precision {requested} not validated on the current calibration set yet"
+    chosen = report["precision"] if report["passed"] else "fp32"
+    settings = _settings_for(cfg, model, chosen, cset, report.get("method"), weakly_typed)
+    return settings, report, ""
+
+
+def validation_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's `validation`, plus what it was measured with."""
+    return {
+        **manifest_validation(report),
+        "mean_iou": report.get("mean_iou"),
+        "precision": report["precision"],
+        "requested": report["requested"],
+        "runtime": "onnxruntime",
+    }
+
+
+def run_job(
+    cfg: AgentConfig, model: str, precision: str | None, force: bool, emit: Callable[[Event], None]
+) -> Event:
+    """Gate (when needed) and build; returns the result event (never raises for expected failures)."""
+    mcfg = cfg.models[model]
+    requested = precision or mcfg.precision
+
+    def progress(phase: str, step: int, total: int) -> None:
+        emit({"event": "progress", "phase": phase, "step": step, "total": total})
+
+    try:
+        api = import_trt(trt_flavor(mcfg))
+        fp = probe_fingerprint(api, target_compute_capability=mcfg.engine.target_compute_capability)
+        store = EngineStore(cfg.engine_dir)
+        report: dict[str, Any] | None = None
+        cset: CalibrationSet | None = None
+        chosen = requested
+        if requested != "fp32":
+            try:
+                cset = load_calibration_set(cfg, model)
+            except CalibrationError:
+                progress("capture calibration set", 0, 1)
+                cset = capture_calibration_set(cfg, model, progress=False)
+            progress("accuracy gate", 0, 1)
+            report = run_gate(cfg, model, requested)
+            write_report(cset, report)
+            chosen = report["precision"] if report["passed"] else "fp32"
+            progress("accuracy gate", 1, 1)
+        settings = _settings_for(cfg, model, chosen, cset, (report or {}).get("method"), api.weakly_typed)
+        batches = None
+        if chosen == "int8" and api.weakly_typed:
+            assert cset is not None
+            adapter = model_adapter(cfg, model)
+            batches = lambda: calibration_batches(cset, adapter)  # noqa: E731 - re-iterable source
+        common = {
+            "fingerprint": fp,
+            "api": api,
+            "force": force,
+            "on_progress": progress,
+            "agent_version": __version__,
+        }
+        try:
+            result = build(store, model, settings, calibration_batches=batches, **common)
+        except EngineError as exc:
+            if chosen != "int8" or report is None or cset is None:
+                raise
+            # The gate passed INT8 on ONNX Runtime but this TensorRT cannot build it (e.g. TensorRT-RTX
+            # on some Q/DQ graphs): fall back to the next precision down, gated again.
+            log.warning("model %s: INT8 engine build failed (%s); trying fp16", model, exc)
+            tried = [
+                *report["tried"][:-1],
+                {**report["tried"][-1], "passed": False, "reason": f"int8: engine build failed: {exc}"},
+            ]
+            report = run_gate(cfg, model, "fp16")
+            report.update(requested=requested, tried=tried + report["tried"])
+            write_report(cset, report)
+            chosen = report["precision"] if report["passed"] else "fp32"
+            settings = _settings_for(cfg, model, chosen, cset, None, api.weakly_typed)
+            result = build(store, model, settings, **common)
+        validation = None
+        if report is not None:
+            validation = validation_of(report)
+            with store.lock(model, wait_s=30):
+                store.set_validation(model, result.key, validation)
+    except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
+        return {
+            "event": "result",
+            "ok": False,
+            "built": False,
+            "key": None,
+            "error": f"model {model!r}: {exc}",
+            "error_type": type(exc).__name__,
+            "requested": requested,
+        }
+    return {
+        "event": "result",
+        "ok": True,
+        "built": result.built,
+        "key": result.key,
+        "plan": str(result.plan_path),
+        "build_s": round(result.build_s, 3),
+        "message": result.message,
+        "reasons": result.reasons,
+        "precision": chosen,
+        "requested": requested,
+        "validation": validation,
+        "tried": (report or {}).get("tried", []),
+        "error": None,
+    }
+
+
+def start_precision_job(
+    config: Path, model: str, precision: str | None, force: bool, on_event: Callable[[Event], None] | None
+) -> BuildProcess:
+    """The job as a child process (same protocol and handle as engines.buildproc)."""
+    cmd = [sys.executable, "-m", "agent.precision_job", "-c", str(config), "--model", model]
+    if precision:
+        cmd += ["--precision", precision]
+    if force:
+        cmd.append("--force")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    return BuildProcess(proc, on_event)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.precision_job")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--precision")
+    p.add_argument("--force", action="store_true")
+    args = p.parse_args(argv)
+    # stdout carries only our JSON lines: native code may print to fd 1, so it is pointed at stderr.
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("engines.trt").setLevel(logging.ERROR)
+
+    def emit(event: Event) -> None:
+        out.write(json.dumps(event) + "\n")
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        emit({"event": "result", "ok": False, "built": False, "key": None, "error": str(exc)})
+        return 2
+    result = run_job(cfg, args.model, args.precision, args.force, emit)
+    emit(result)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
