@@ -19,6 +19,16 @@ class Letterbox:
     src_h: int
 
 
+def _place(src_h: int, src_w: int, dst_h: int, dst_w: int) -> tuple[Letterbox, int, int]:
+    """Where a src image lands in the network input: its Letterbox and resized width/height."""
+    scale = min(dst_h / src_h, dst_w / src_w)
+    new_w = min(dst_w, max(1, round(src_w * scale)))
+    new_h = min(dst_h, max(1, round(src_h * scale)))
+    left = (dst_w - new_w) // 2
+    top = (dst_h - new_h) // 2
+    return Letterbox(scale=scale, pad_x=float(left), pad_y=float(top), src_w=src_w, src_h=src_h), new_w, new_h
+
+
 def letterbox(image: np.ndarray, size: tuple[int, int], pad_value: int = 114) -> tuple[np.ndarray, Letterbox]:
     """Resize `image` (HxWx3 uint8) to fit `size` = (h, w) keeping its aspect ratio, centred on padding.
 
@@ -28,12 +38,8 @@ def letterbox(image: np.ndarray, size: tuple[int, int], pad_value: int = 114) ->
         raise ValueError(f"letterbox expects an HxWx3 image, got shape {image.shape}")
     dst_h, dst_w = size
     src_h, src_w = image.shape[:2]
-    scale = min(dst_h / src_h, dst_w / src_w)
-    new_w = min(dst_w, max(1, round(src_w * scale)))
-    new_h = min(dst_h, max(1, round(src_h * scale)))
-    left = (dst_w - new_w) // 2
-    top = (dst_h - new_h) // 2
-    lb = Letterbox(scale=scale, pad_x=float(left), pad_y=float(top), src_w=src_w, src_h=src_h)
+    lb, new_w, new_h = _place(src_h, src_w, dst_h, dst_w)
+    left, top = int(lb.pad_x), int(lb.pad_y)
 
     if (new_w, new_h) == (dst_w, dst_h):
         # Exact fit: no canvas needed; resize allocates the one output (or skip it at native size).
@@ -89,3 +95,48 @@ def to_nchw(
         np.multiply(chw, mul, out=out[i])
         out[i] += add
     return out
+
+
+def letterbox_nchw(
+    images: list[np.ndarray],
+    size: tuple[int, int],
+    pad_value: int,
+    mean: np.ndarray | None,
+    std: np.ndarray | None,
+    scale: float,
+    swap_rb: bool,
+) -> tuple[np.ndarray, list[Letterbox]]:
+    """letterbox + to_nchw in one pass: the same tensor, with less work on the hot path.
+
+    Only the resized content is normalised; the padding bands get the normalised pad value directly,
+    and no padded uint8 canvas is made (for 16:9 cameras the content is ~56% of a square input).
+    """
+    if not images:
+        raise ValueError("letterbox_nchw needs at least one image")
+    dst_h, dst_w = size
+    mean_v = np.zeros(3, np.float32) if mean is None else np.asarray(mean, np.float32).reshape(3)
+    std_v = np.ones(3, np.float32) if std is None else np.asarray(std, np.float32).reshape(3)
+    mul = (np.float32(scale) / std_v)[:, None, None]
+    add = (-mean_v / std_v)[:, None, None]
+    pad = np.float32(pad_value) * mul + add  # (3, 1, 1), broadcast into the bands
+    out = np.empty((len(images), 3, dst_h, dst_w), dtype=np.float32)
+    boxes: list[Letterbox] = []
+    for i, img in enumerate(images):
+        if img.ndim != 3 or img.shape[2] != 3:
+            raise ValueError(f"letterbox_nchw: image {i} has shape {img.shape}, expected HxWx3")
+        lb, new_w, new_h = _place(img.shape[0], img.shape[1], dst_h, dst_w)
+        left, top = int(lb.pad_x), int(lb.pad_y)
+        resized = img if (new_w, new_h) == (img.shape[1], img.shape[0]) else cv2.resize(img, (new_w, new_h))
+        o = out[i]
+        o[:, :top, :] = pad
+        o[:, top + new_h :, :] = pad
+        o[:, top : top + new_h, :left] = pad
+        o[:, top : top + new_h, left + new_w :] = pad
+        chw = resized.transpose(2, 0, 1)
+        if swap_rb:
+            chw = chw[::-1]
+        region = o[:, top : top + new_h, left : left + new_w]
+        np.multiply(chw, mul, out=region)
+        region += add
+        boxes.append(lb)
+    return out, boxes

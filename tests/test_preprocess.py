@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.preprocess import Letterbox, letterbox, to_nchw, unletterbox
+from pipelines.preprocess import Letterbox, letterbox, letterbox_nchw, to_nchw, unletterbox
 
 # (src_h, src_w): landscape, portrait, square, very wide, very tall, larger and smaller than the input.
 SOURCES = [
@@ -113,3 +113,17 @@ def test_to_nchw_values_and_channel_swap() -> None:
 def test_to_nchw_rejects_mixed_sizes() -> None:
     with pytest.raises(ValueError, match="image 1"):
         to_nchw([np.zeros((4, 4, 3), np.uint8), np.zeros((4, 5, 3), np.uint8)], None, None, 1.0, False)
+
+
+@pytest.mark.parametrize("shape", [(272, 640), (1080, 1920), (640, 360), (416, 416), (100, 700)])
+@pytest.mark.parametrize("swap_rb", [False, True])
+def test_fused_letterbox_nchw_equals_letterbox_then_nchw(shape: tuple[int, int], swap_rb: bool) -> None:
+    rng = np.random.default_rng(7)
+    images = [rng.integers(0, 256, (*shape, 3), dtype=np.uint8) for _ in range(2)]
+    mean = np.array([103.53, 116.28, 123.675], np.float32)
+    std = np.array([57.375, 57.12, 58.395], np.float32)
+    fused, boxes = letterbox_nchw(images, (416, 416), 114, mean, std, 1.0, swap_rb)
+    placed = [letterbox(img, (416, 416), 114) for img in images]
+    expected = to_nchw([p[0] for p in placed], mean, std, 1.0, swap_rb)
+    np.testing.assert_allclose(fused, expected, rtol=0, atol=1e-5)
+    assert boxes == [p[1] for p in placed]

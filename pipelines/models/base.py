@@ -9,7 +9,7 @@ import numpy as np
 
 from pipelines.frames import Detections
 from pipelines.postprocess import nms
-from pipelines.preprocess import Letterbox, letterbox, to_nchw, unletterbox
+from pipelines.preprocess import Letterbox, letterbox_nchw, unletterbox
 
 # One image's decoded candidates before NMS: boxes (K, 4) x1y1x2y2 in network pixels, scores (K,),
 # class ids (K,).
@@ -40,9 +40,9 @@ class ModelAdapter(ABC):
 
     def preprocess(self, images: list[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
         """Letterbox each BGR frame to the input size and pack them into one NCHW float32 batch."""
-        boxed = [letterbox(img, self.input_hw, self.pad_value) for img in images]
-        batch = to_nchw([b[0] for b in boxed], self.mean, self.std, self.scale, self.swap_rb)
-        return batch, [b[1] for b in boxed]
+        return letterbox_nchw(
+            images, self.input_hw, self.pad_value, self.mean, self.std, self.scale, self.swap_rb
+        )
 
     def postprocess(
         self,
