@@ -95,38 +95,16 @@ class EngineManager:
     def open(self, name: str, cfg: ModelConfig) -> Backend:
         """The backend to serve `name` with now; starts a build in the background when one is needed."""
         if cfg.backend == "onnxruntime":
-            backend = open_ort(name, cfg)
-            self._publish(name, {"state": "ready", "backend": backend.name, "precision": backend.precision})
-            return backend
+            return self._ort_only(name, cfg, [])
         try:
             api = import_trt(trt_flavor(cfg))
             fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
         except EngineError as exc:
             if cfg.backend != "auto":
                 raise ConfigError(f"models.{name}.backend: {cfg.backend} requested, but {exc}") from None
-            backend = open_ort(name, cfg)
-            self._publish(
-                name,
-                {
-                    "state": "ready",
-                    "backend": backend.name,
-                    "precision": backend.precision,
-                    "reasons": [f"no TensorRT here ({exc}): ONNX Runtime serves"],
-                },
-            )
-            return backend
+            return self._ort_only(name, cfg, [f"no TensorRT here ({exc}): ONNX Runtime serves"])
         if cfg.backend == "auto" and not fp.has_gpu:
-            backend = open_ort(name, cfg)
-            self._publish(
-                name,
-                {
-                    "state": "ready",
-                    "backend": backend.name,
-                    "precision": backend.precision,
-                    "reasons": ["no CUDA GPU visible: ONNX Runtime serves"],
-                },
-            )
-            return backend
+            return self._ort_only(name, cfg, ["no CUDA GPU visible: ONNX Runtime serves"])
         store = self.store
         me = ModelEngine(name, cfg, api, fp)
         with self._lock:
@@ -182,6 +160,18 @@ class EngineManager:
             loaded=False,
         )
         self.rebuild(name)
+        return backend
+
+    def _ort_only(self, name: str, cfg: ModelConfig, reasons: list[str]) -> Backend:
+        """A model that ONNX Runtime serves by design (no engine involved)."""
+        backend = open_ort(name, cfg)
+        state = {
+            "state": "ready",
+            "backend": backend.name,
+            "precision": backend.precision,
+            "reasons": reasons,
+        }
+        self._publish(name, state)
         return backend
 
     def start(self) -> None:

@@ -19,7 +19,6 @@ same JSON lines as engines.buildproc (progress events, then one result), so both
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -42,7 +41,7 @@ from agent.config import AgentConfig, ConfigError, load_config
 from agent.engine_settings import build_settings, trt_flavor
 from agent.precision_gate import candidate_model, manifest_validation, read_report, run_gate, write_report
 from engines.builder import build
-from engines.buildproc import BuildProcess
+from engines.buildproc import BuildProcess, failure, json_lines_stdout
 from engines.errors import EngineError
 from engines.fingerprint import probe_fingerprint
 from engines.settings import BuildSettings
@@ -177,15 +176,7 @@ def run_job(
             with store.lock(model, wait_s=30):
                 store.set_validation(model, result.key, validation)
     except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
-        return {
-            "event": "result",
-            "ok": False,
-            "built": False,
-            "key": None,
-            "error": f"model {model!r}: {exc}",
-            "error_type": type(exc).__name__,
-            "requested": requested,
-        }
+        return {**failure(f"model {model!r}: {exc}", type(exc).__name__), "requested": requested}
     return {
         "event": "result",
         "ok": True,
@@ -227,19 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision")
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
-    # stdout carries only our JSON lines: native code may print to fd 1, so it is pointed at stderr.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    emit = json_lines_stdout()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     logging.getLogger("engines.trt").setLevel(logging.ERROR)
-
-    def emit(event: Event) -> None:
-        out.write(json.dumps(event) + "\n")
 
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        emit({"event": "result", "ok": False, "built": False, "key": None, "error": str(exc)})
+        emit(failure(str(exc), "ConfigError"))
         return 2
     result = run_job(cfg, args.model, args.precision, args.force, emit)
     emit(result)

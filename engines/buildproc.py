@@ -36,6 +36,37 @@ Event = dict[str, Any]
 _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
+def failure(error: str, error_type: str) -> Event:
+    """The result event of a build that did not happen."""
+    return {
+        "event": "result",
+        "ok": False,
+        "built": False,
+        "key": None,
+        "plan": None,
+        "manifest": None,
+        "build_s": 0.0,
+        "message": "",
+        "reasons": [],
+        "error": error,
+        "error_type": error_type,
+    }
+
+
+def json_lines_stdout() -> Callable[[Event], None]:
+    """An emitter of JSON lines on the real stdout, with fd 1 pointed at stderr from now on.
+
+    Native TensorRT/CUDA code may print to fd 1; the parent reads only our JSON lines from stdout.
+    """
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def emit(event: Event) -> None:
+        out.write(json.dumps(event) + "\n")
+
+    return emit
+
+
 class BuildProcess:
     """Handle of a running build child: `.pid`, `.kill()`, `.wait(timeout)` -> final result dict."""
 
@@ -89,20 +120,10 @@ class BuildProcess:
             return self._result
         how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
         tail = " | ".join(line for line in self._stderr if line)[-2000:]
-        return {
-            "event": "result",
-            "ok": False,
-            "built": False,
-            "key": None,
-            "plan": None,
-            "manifest": None,
-            "build_s": 0.0,
-            "message": "",
-            "reasons": [],
-            "error": f"build process {self.pid} {how} before reporting a result"
-            + (f" (stderr: {tail})" if tail else ""),
-            "error_type": "Killed" if self._killed or rc < 0 else "Crashed",
-        }
+        error = f"build process {self.pid} {how} before reporting a result" + (
+            f" (stderr: {tail})" if tail else ""
+        )
+        return failure(error, "Killed" if self._killed or rc < 0 else "Crashed")
 
 
 def start_build_process(
@@ -171,19 +192,7 @@ def _serve(request: dict[str, Any], emit: Callable[[Event], None]) -> Event:
             ),
         )
     except (EngineError, ValueError, KeyError, OSError) as e:
-        return {
-            "event": "result",
-            "ok": False,
-            "built": False,
-            "key": None,
-            "plan": None,
-            "manifest": None,
-            "build_s": 0.0,
-            "message": "",
-            "reasons": [],
-            "error": f"model {model!r}: {e}",
-            "error_type": type(e).__name__,
-        }
+        return failure(f"model {model!r}: {e}", type(e).__name__)
     return {
         "event": "result",
         "ok": True,
@@ -200,37 +209,17 @@ def _serve(request: dict[str, Any], emit: Callable[[Event], None]) -> Event:
 
 
 def main() -> int:
-    # Keep stdout for our JSON lines only: native TensorRT/CUDA code may print to fd 1, so fd 1 is
-    # pointed at stderr and the JSON goes to a private duplicate of the original stdout.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    emit = json_lines_stdout()
     logging.basicConfig(
         level=os.environ.get("EDGE_AGENT_BUILD_LOG", "WARNING"),
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
 
-    def emit(event: Event) -> None:
-        out.write(json.dumps(event) + "\n")
-
     try:
         request = json.loads(sys.stdin.read())
     except ValueError as e:
-        emit(
-            {
-                "event": "result",
-                "ok": False,
-                "built": False,
-                "key": None,
-                "plan": None,
-                "manifest": None,
-                "build_s": 0.0,
-                "message": "",
-                "reasons": [],
-                "error": f"bad build request on stdin: {e}",
-                "error_type": "ValueError",
-            }
-        )
+        emit(failure(f"bad build request on stdin: {e}", "ValueError"))
         return 2
     result = _serve(request, emit)
     emit(result)
