@@ -74,6 +74,20 @@ class EngineConfig(_Strict):
     )
 
 
+class ProfileShapes(_Strict):
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProfileShapes:
+        if not len(self.min) == len(self.opt) == len(self.max):
+            raise ValueError("min, opt and max must have the same rank")
+        if any(not 1 <= a <= b <= c for a, b, c in zip(self.min, self.opt, self.max, strict=True)):
+            raise ValueError("each dimension must satisfy 1 <= min <= opt <= max")
+        return self
+
+
 class ModelConfig(_Strict):
     onnx: Path
     format: Literal["nanodet", "yolov8", "yolo11", "yolov5", "efficient_nms"] = "yolov8"
@@ -86,6 +100,9 @@ class ModelConfig(_Strict):
     iou_threshold: float = Field(0.5, gt=0.0, le=1.0)
     threads: ThreadsConfig = ThreadsConfig()
     engine: EngineConfig = EngineConfig()
+    # Explicit TensorRT optimisation profiles, one mapping {input name: {min, opt, max}} each; without
+    # them one profile is derived from the ONNX shapes and `batch`.
+    profiles: list[dict[str, ProfileShapes]] | None = None
 
 
 class CameraConfig(_Strict):

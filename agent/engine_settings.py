@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.config import ModelConfig
-from engines.settings import BuildSettings
+from engines.settings import BuildSettings, profiles_from_json
 
 
 def build_settings(cfg: ModelConfig, precision: str | None = None) -> BuildSettings:
@@ -15,6 +15,9 @@ def build_settings(cfg: ModelConfig, precision: str | None = None) -> BuildSetti
         optimization_level=cfg.engine.optimization_level,
         dla_core=cfg.engine.dla_core,
         target_compute_capability=cfg.engine.target_compute_capability,
+        profiles=None
+        if cfg.profiles is None
+        else tuple(profiles_from_json([{k: v.model_dump() for k, v in p.items()} for p in cfg.profiles])),
     )
 
 

@@ -135,3 +135,13 @@ def test_secret_not_in_validation_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(path, env={"GATE_PASSWORD": "hunter2"})
     assert "hunter2" not in str(err.value)
+
+
+def test_profiles_validated(tmp_path: Path) -> None:
+    shapes = "{min: [1, 3, 640, 640], opt: [4, 3, 640, 640], max: [2, 3, 640, 640]}"
+    profile = f"\n    profiles:\n      - {{images: {shapes}}}"
+    path = write(tmp_path, BASE.replace("format: yolov8", "format: yolov8" + profile))
+    with pytest.raises(
+        ConfigError, match=r"models\.detector\.profiles\.0\.images: each dimension must satisfy"
+    ):
+        load_config(path, env={"GATE_PASSWORD": "x"})
