@@ -244,7 +244,8 @@ def run_gate(
             log.warning("gate %s: %s", model, entry["reason"])
             tried.append(entry)
             continue
-        value = agreement["map50"]
+        # Decide on the value as reported, so a report's own number reproduces its verdict.
+        value = round(agreement["map50"], 4)
         passed = value >= threshold
         entry.update(
             value=round(value, 4),

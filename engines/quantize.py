@@ -22,10 +22,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import hashlib
+import inspect
 import io
 import itertools
 import logging
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -42,12 +44,20 @@ Method = Literal["entropy", "minmax", "percentile"]
 METHODS: tuple[str, ...] = ("entropy", "minmax", "percentile")
 DEFAULT_OP_TYPES: tuple[str, ...] = ("Conv",)
 QUANTIZABLE_OP_TYPES: frozenset[str] = frozenset({"Conv", "Gemm", "MatMul"})
-# No CalibMaxIntermediateOutputs: in ORT 1.31 MinMax then *discards* each full chunk unreduced (only
-# the last partial chunk is used) and the histogram calibrators ignore it. ORT keeps every calibrated
-# tensor of every sample in memory instead (see calibration_memory note in the README).
+# Calibration runs in chunks of this many frames: ORT's histogram calibrators hold every calibrated tensor
+# of every frame handed to one collect_data() call (~60 MB a NanoDet-416 frame), so memory is bounded by
+# the chunk, not the sample count. ORT's own CalibMaxIntermediateOutputs is unusable in 1.31: MinMax
+# clears each full chunk *without* reducing it (only the last partial chunk counts) and the histogram
+# calibrators never receive the option.
+CALIB_CHUNK_FRAMES = 8
+# ORT's Entropy calibrator defaults to num_bins == num_quantized_bins == 128, which leaves exactly one
+# candidate threshold (the whole histogram): "entropy" then equals minmax bit for bit, and
+# quantize_static offers no option to change it. 1024 bins give 449 candidates down to 1/8 of the max.
+ENTROPY_BINS = 1024
+ENTROPY_QUANTIZED_BINS = 128
 STEM_LAYERS = 2
 # Bump when the recipe (placement, exclusions, settings) changes: cached Q/DQ models are rebuilt.
-RECIPE = "ort-qdq-sym-perchannel-nobias/stem2-heads/1"
+RECIPE = "ort-qdq-sym-perchannel-nobias/stem2-heads/2"  # 2: real entropy
 
 
 class QuantizationError(BuildError):
@@ -287,6 +297,39 @@ def make_qdq_onnx(
     return info
 
 
+class _FeedReader:
+    """ORT CalibrationDataReader over an iterator of feeds (one calibration chunk)."""
+
+    def __init__(self, feeds: Iterator[dict[str, np.ndarray]]) -> None:
+        self._feeds = feeds
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def _chunk(
+    first: dict[str, np.ndarray], feeds: Iterator[dict[str, np.ndarray]], input_name: str, frames: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """`first` and then further feeds of the shared iterator until about `frames` frames were given."""
+    yield first
+    n = first[input_name].shape[0]
+    while n < frames and (feed := next(feeds, None)) is not None:
+        n += feed[input_name].shape[0]
+        yield feed
+
+
+def calibrator_options(method: str, percentile: float) -> dict[str, Any]:
+    """create_calibrator's extra_options: what quantize_static derives from our extra_options, plus bins.
+
+    CalibTensorRangeSymmetric -> symmetric and CalibPercentile -> percentile (quantize_static's own
+    mapping); num_bins only for entropy, which quantize_static cannot set (see ENTROPY_BINS).
+    """
+    opts: dict[str, Any] = {"symmetric": True, "percentile": percentile}
+    if method == "entropy":
+        opts |= {"num_bins": ENTROPY_BINS, "num_quantized_bins": ENTROPY_QUANTIZED_BINS}
+    return opts
+
+
 def _quantize_ort(
     src: Path,
     out: Path,
@@ -295,7 +338,21 @@ def _quantize_ort(
     excluded: list[str],
     op_types: tuple[str, ...],
     percentile: float,
+    chunk_frames: int | None = None,
 ) -> None:
+    """Calibrate chunk by chunk with ORT's own calibrator, then quantise with quantize_static.
+
+    Equivalent to quantize_static(calibration_data_reader=reader) except for memory: quantize_static
+    feeds the whole reader to one collect_data() call. collect_data() may be called repeatedly (MinMax
+    merges each call's min/max into its running range, the histogram calibrators merge histograms),
+    so chunks keep peak memory at about `chunk_frames` frames of intermediate tensors. The ranges
+    reach the quantiser through quantize_static's public calibration cache (calibration_cache_path,
+    ORT >= 1.31), so Q/DQ placement and every quantiser option stay exactly quantize_static's.
+    MinMax ranges equal the one-pass ones exactly. Histograms are merged onto the first chunk's bin
+    width, so percentile/entropy thresholds can differ from a one-pass histogram by a bin or so
+    (entropy more for tensors whose KL minimum is flat; tests/test_quantize_memory.py).
+    """
+    import onnxruntime
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     calib = {
@@ -310,21 +367,68 @@ def _quantize_ort(
         "CalibTensorRangeSymmetric": True,
         "CalibPercentile": percentile,
     }
-    # quantize_static keeps its augmented calibration model in its own temp dir, not in engine_dir.
-    quantize_static(
-        model_input=str(src),
-        model_output=str(out),
-        calibration_data_reader=reader,
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=list(op_types),
-        per_channel=True,
-        reduce_range=False,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        nodes_to_exclude=excluded,
-        calibrate_method=calib,
-        extra_options=extra,
-    )
+    common: dict[str, Any] = {
+        "model_input": str(src),
+        "model_output": str(out),
+        "quant_format": QuantFormat.QDQ,
+        "op_types_to_quantize": list(op_types),
+        "per_channel": True,
+        "reduce_range": False,
+        "activation_type": QuantType.QInt8,
+        "weight_type": QuantType.QInt8,
+        "nodes_to_exclude": excluded,
+        "calibrate_method": calib,
+        "extra_options": extra,
+    }
+    if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+        # ORT < 1.31 has no public way to hand precomputed ranges to quantize_static.
+        log.warning(
+            "onnxruntime %s: calibrating in one pass (memory grows with the sample count; entropy "
+            "uses ORT's 128-bin default, which equals minmax); onnxruntime >= 1.31 calibrates in chunks",
+            onnxruntime.__version__,
+        )
+        quantize_static(calibration_data_reader=reader, **common)
+        return
+
+    from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
+    from onnxruntime.quantization.quant_utils import update_opset_version
+
+    with tempfile.TemporaryDirectory(prefix="edge-agent-calib.") as tmp:
+        # quantize_static calibrates the opset-updated model when it has to update it (opset < 10).
+        calib_src = src
+        model = onnx.load(str(src))
+        updated = update_opset_version(model, QuantType.QInt8, QuantType.QInt8)
+        if updated is not model:
+            calib_src = Path(tmp) / "model_input.onnx"
+            onnx.save_model(updated, str(calib_src), save_as_external_data=True)
+        del model, updated
+        calibrator = create_calibrator(
+            calib_src,
+            list(op_types),
+            augmented_model_path=str(Path(tmp) / "augmented_model.onnx"),
+            calibrate_method=calib,
+            extra_options=calibrator_options(method, percentile),
+        )
+        chunk_frames = chunk_frames or CALIB_CHUNK_FRAMES  # looked up late: tests shrink it
+        feeds = iter(reader.get_next, None)
+        chunks = 0
+        while (first := next(feeds, None)) is not None:
+            calibrator.collect_data(_FeedReader(_chunk(first, feeds, reader.input_name, chunk_frames)))
+            chunks += 1
+        if chunks == 0:
+            raise QuantizationError(f"{src}: no calibration batch filled the model's fixed batch dimension")
+        ranges = calibrator.compute_data()
+        if not isinstance(ranges, TensorsData):
+            raise QuantizationError(f"{src}: calibrator returned {type(ranges).__name__}, not TensorsData")
+        del calibrator  # its session and histograms are not needed while quantising
+        log.debug(
+            "calibrated %d tensors in %d chunks of <= %d frames", len(ranges.data), chunks, chunk_frames
+        )
+        # A JSON round trip of float32 values is exact: the quantiser sees the very same ranges.
+        cache = Path(tmp) / "ranges.json"
+        save_tensors_data(ranges, cache)
+        del ranges
+        quantize_static(calibration_data_reader=None, calibration_cache_path=cache, **common)
 
 
 def _quantize_modelopt(

@@ -307,7 +307,7 @@ def run_child(tmp_path: Path, n: int, method: str) -> dict[str, Any]:
 def test_peak_memory_independent_of_samples(tmp_path: Path) -> None:
     # Percentile: a histogram calibrator (the memory-hungry kind; minmax reduces in the graph) and
     # cheaper to compute than entropy. Unchunked, 64 frames peaked at 3.9 GB (16: 1.2 GB); chunked it
-    # stays flat (measured ~0.7 GB for 16, 50, 200 and 500 frames). 64 rather than 200 frames keeps
+    # stays flat (measured ~0.7 GB for 16, 50 and 500 frames). 64 rather than 200 frames keeps
     # the test under 25 s on 2 cores.
     small = run_child(tmp_path, 16, "percentile")
     big = run_child(tmp_path, BIG, "percentile")
