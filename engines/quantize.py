@@ -57,7 +57,7 @@ ENTROPY_BINS = 1024
 ENTROPY_QUANTIZED_BINS = 128
 STEM_LAYERS = 2
 # Bump when the recipe (placement, exclusions, settings) changes: cached Q/DQ models are rebuilt.
-RECIPE = "ort-qdq-sym-perchannel-nobias/stem2-heads/2"  # 2: real entropy
+RECIPE = "ort-qdq-sym-perchannel-nobias/stem2-heads/3"  # 2: real entropy; 3: folded graph
 
 
 class QuantizationError(BuildError):
@@ -243,10 +243,48 @@ def make_qdq_onnx(
         raise QuantizationError(f"op types {sorted(bad)} cannot be quantised here (use Conv/Gemm/MatMul)")
     if not 0.0 < percentile <= 100.0:
         raise QuantizationError(f"percentile must be in (0, 100], got {percentile}")
+    if not src.is_file():
+        raise QuantizationError(f"ONNX model {src} does not exist")
+    with tempfile.TemporaryDirectory(prefix="edge-agent-qdq-") as work:
+        folded = Path(work) / "folded.onnx"
+        fold_graph(src, folded)
+        return _make_qdq(
+            src, folded, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude, engine
+        )
+
+
+def fold_graph(src: Path, out: Path) -> None:
+    """Fold constant and shape subgraphs with ONNX Runtime's basic (EP-independent) optimisations.
+
+    Why: tf2onnx exports carry Pad/ScatterND/shape arithmetic around the convolutions; quantised as they
+    are, TensorRT-RTX 1.7 fails to build the Q/DQ graph (internal assertion), folded it builds. The
+    basic level only emits standard ONNX ops and is numerically the same graph.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(out)
     try:
-        model = onnx.load(str(src))
-    except FileNotFoundError:
-        raise QuantizationError(f"ONNX model {src} does not exist") from None
+        ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception types; name the file
+        raise QuantizationError(f"cannot prepare {src} for quantisation (ONNX Runtime: {e})") from e
+
+
+def _make_qdq(
+    src: Path,
+    folded: Path,
+    dst: Path,
+    batches: Iterable[np.ndarray],
+    method: Method,
+    exclude_nodes: list[str] | None,
+    percentile: float,
+    op_types: tuple[str, ...],
+    auto_exclude: bool,
+    engine: Literal["ort", "modelopt"],
+) -> dict[str, Any]:
+    try:
+        model = onnx.load(str(folded))
     except Exception as e:
         raise QuantizationError(f"cannot read ONNX model {src}: {e}") from e
     input_name, dims = onnx_input(model, str(src))
@@ -268,9 +306,9 @@ def make_qdq_onnx(
         # "consider pre-processing" warning on the root logger every call: send both to our log.
         with contextlib.redirect_stdout(_LogWriter()), _quiet_root(_ORT_NOISE):
             if engine == "modelopt":
-                _quantize_modelopt(src, tmp, reader, method, excluded, op_types, percentile)
+                _quantize_modelopt(folded, tmp, reader, method, excluded, op_types, percentile)
             else:
-                _quantize_ort(src, tmp, reader, method, excluded, op_types, percentile)
+                _quantize_ort(folded, tmp, reader, method, excluded, op_types, percentile)
         if reader.samples == 0:
             raise QuantizationError(f"{src}: no calibration samples were given")
         with open(tmp, "rb+") as f:
