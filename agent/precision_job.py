@@ -19,6 +19,7 @@ same JSON lines as engines.buildproc (progress events, then one result), so both
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import subprocess
@@ -27,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from agent import __version__
 from agent.calibrate import (
@@ -44,6 +47,8 @@ from engines.builder import build
 from engines.buildproc import BuildProcess, failure, json_lines_stdout
 from engines.errors import EngineError
 from engines.fingerprint import probe_fingerprint
+from engines.runtimes.base import BackendError
+from engines.runtimes.tensorrt import TensorRTBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.trt_api import import_trt
@@ -111,10 +116,46 @@ def validation_of(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ORDER = ("int8", "fp16", "fp32")
+
+
+def engine_runs_here(fp: Any) -> bool:
+    """Engines execute only on a GPU (a TensorRT-RTX AOT build on a CPU machine cannot run there)."""
+    return bool(fp.has_gpu)
+
+
+def _engine_gate(
+    cfg: AgentConfig, model: str, precision: str, store: EngineStore, key: str, api: Any, fp: Any
+) -> dict[str, Any] | None:
+    """Gate the built engine itself where it executes (a GPU with TensorRT); None where it cannot run.
+
+    Written to the TensorRT docs, not run here: no GPU with TensorRT is available to this project.
+    """
+    if not engine_runs_here(fp):
+        return None
+    engine = TensorRTBackend(store, model, key, api=api, fingerprint=fp)
+    try:
+        engine.load()
+        shape = tuple(1 if d is None else d for d in engine.input_spec.shape)
+        engine.infer(np.zeros(shape, dtype=engine.input_spec.dtype))
+    except (BackendError, NotImplementedError) as exc:
+        engine.close()
+        log.warning(
+            "model %s: engine %s not evaluated on this device (%s); the graph gate stands", model, key, exc
+        )
+        return None
+    return run_gate(cfg, model, precision, factory=lambda _path, _prec: engine)
+
+
 def run_job(
     cfg: AgentConfig, model: str, precision: str | None, force: bool, emit: Callable[[Event], None]
 ) -> Event:
-    """Gate (when needed) and build; returns the result event (never raises for expected failures)."""
+    """Gate (when needed) and build; returns the result event (never raises for expected failures).
+
+    From the precision the graph gate (ONNX Runtime) keeps, down to fp32: build it; where the engine
+    executes here, gate the engine itself too; a precision whose build or engine gate fails gives way
+    to the next one down, and every step is recorded in `tried`.
+    """
     mcfg = cfg.models[model]
     requested = precision or mcfg.precision
 
@@ -125,26 +166,6 @@ def run_job(
         api = import_trt(trt_flavor(mcfg))
         fp = probe_fingerprint(api, target_compute_capability=mcfg.engine.target_compute_capability)
         store = EngineStore(cfg.engine_dir)
-        report: dict[str, Any] | None = None
-        cset: CalibrationSet | None = None
-        chosen = requested
-        if requested != "fp32":
-            try:
-                cset = load_calibration_set(cfg, model)
-            except CalibrationError:
-                progress("capture calibration set", 0, 1)
-                cset = capture_calibration_set(cfg, model, progress=False)
-            progress("accuracy gate", 0, 1)
-            report = run_gate(cfg, model, requested)
-            write_report(cset, report)
-            chosen = report["precision"] if report["passed"] else "fp32"
-            progress("accuracy gate", 1, 1)
-        settings = _settings_for(cfg, model, chosen, cset, (report or {}).get("method"), api.weakly_typed)
-        batches = None
-        if chosen == "int8" and api.weakly_typed:
-            assert cset is not None
-            adapter = model_adapter(cfg, model)
-            batches = lambda: calibration_batches(cset, adapter)  # noqa: E731 - re-iterable source
         common = {
             "fingerprint": fp,
             "api": api,
@@ -152,31 +173,68 @@ def run_job(
             "on_progress": progress,
             "agent_version": __version__,
         }
+        if requested == "fp32":
+            result = build(store, model, build_settings(mcfg, "fp32"), **common)
+            return _result_event(result, "fp32", requested, None, [])
         try:
-            result = build(store, model, settings, calibration_batches=batches, **common)
-        except EngineError as exc:
-            if chosen != "int8" or report is None or cset is None:
-                raise
-            # The gate passed INT8 on ONNX Runtime but this TensorRT cannot build it (e.g. TensorRT-RTX
-            # on some Q/DQ graphs): fall back to the next precision down, gated again.
-            log.warning("model %s: INT8 engine build failed (%s); trying fp16", model, exc)
-            tried = [
-                *report["tried"][:-1],
-                {**report["tried"][-1], "passed": False, "reason": f"int8: engine build failed: {exc}"},
-            ]
-            report = run_gate(cfg, model, "fp16")
-            report.update(requested=requested, tried=tried + report["tried"])
-            write_report(cset, report)
-            chosen = report["precision"] if report["passed"] else "fp32"
-            settings = _settings_for(cfg, model, chosen, cset, None, api.weakly_typed)
-            result = build(store, model, settings, **common)
-        validation = None
-        if report is not None:
-            validation = validation_of(report)
-            with store.lock(model, wait_s=30):
-                store.set_validation(model, result.key, validation)
+            cset = load_calibration_set(cfg, model)
+        except CalibrationError:
+            progress("capture calibration set", 0, 1)
+            cset = capture_calibration_set(cfg, model, progress=False)
+        progress("accuracy gate", 0, 1)
+        report = run_gate(cfg, model, requested)
+        tried = list(report["tried"])
+        first = report["precision"] if report["passed"] else "fp32"
+        for prec in ORDER[ORDER.index(first) :]:
+            if prec != first:  # a fallback: its graph must pass the gate too
+                report = run_gate(cfg, model, prec)
+                tried += report["tried"]
+                if not report["passed"]:
+                    continue
+            settings = _settings_for(cfg, model, prec, cset, report.get("method"), api.weakly_typed)
+            batches = None
+            if prec == "int8" and api.weakly_typed:
+                batches = functools.partial(calibration_batches, cset, model_adapter(cfg, model))
+            try:
+                result = build(store, model, settings, calibration_batches=batches, **common)
+            except EngineError as exc:
+                if prec == "fp32":
+                    raise
+                # e.g. a TensorRT that cannot build this Q/DQ graph: the next precision down.
+                log.warning(
+                    "model %s: %s engine build failed (%s); trying the next precision", model, prec, exc
+                )
+                tried.append(
+                    {"precision": prec, "passed": False, "reason": f"{prec}: engine build failed: {exc}"}
+                )
+                continue
+            runtime = "onnxruntime"
+            engine_report = _engine_gate(cfg, model, prec, store, result.key, api, fp)
+            if engine_report is not None:
+                runtime = "tensorrt"
+                tried += [{**t, "runtime": "tensorrt"} for t in engine_report["tried"]]
+                report = engine_report
+                if not engine_report["passed"] and prec != "fp32":
+                    continue
+            break
+        report = {**report, "requested": requested, "tried": tried, "runtime": runtime}
+        write_report(cset, report)
+        progress("accuracy gate", 1, 1)
+        validation = {**validation_of(report), "runtime": runtime}
+        with store.lock(model, wait_s=30):
+            store.set_validation(model, result.key, validation)
     except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
         return {**failure(f"model {model!r}: {exc}", type(exc).__name__), "requested": requested}
+    return _result_event(result, prec, requested, validation, tried)
+
+
+def _result_event(
+    result: Any,
+    precision: str,
+    requested: str,
+    validation: dict[str, Any] | None,
+    tried: list[dict[str, Any]],
+) -> Event:
     return {
         "event": "result",
         "ok": True,
@@ -186,10 +244,10 @@ def run_job(
         "build_s": round(result.build_s, 3),
         "message": result.message,
         "reasons": result.reasons,
-        "precision": chosen,
+        "precision": precision,
         "requested": requested,
         "validation": validation,
-        "tried": (report or {}).get("tried", []),
+        "tried": tried,
         "error": None,
     }
 
