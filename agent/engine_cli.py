@@ -184,7 +184,10 @@ def _rebuild_gated(cfg: AgentConfig, name: str, requested: str, force: bool, pro
         return 2
     for t in result["tried"]:
         verdict = "passed" if t.get("passed") else f"failed: {t.get('reason')}"
-        print(f"{name}: gate {t['precision']}{'/' + t['method'] if t.get('method') else ''} {verdict}")
+        what = t["precision"] + (f"/{t['method']}" if t.get("method") else "")
+        what += " (folded graph)" if t.get("folded") else ""
+        what += " [engine]" if t.get("runtime") == "tensorrt" else ""
+        print(f"{name}: gate {what} {verdict}")
     v = result["validation"] or {}
     what = (
         f"built engine {result['key']} in {result['build_s']:.1f} s" if result["built"] else result["message"]

@@ -99,6 +99,7 @@ def candidate_model(
     exclude_nodes: list[str] | None = None,
     percentile: float = 99.99,
     adapter: ModelAdapter | None = None,
+    fold: bool = False,
 ) -> Candidate:
     """The ONNX an engine of `precision` is built from; derived ones are cached in the calibration dir.
 
@@ -123,7 +124,7 @@ def candidate_model(
     if precision != "int8":
         raise ConfigError(f"models.{model}.precision: {precision!r} is not fp32, fp16 or int8")
     method = method or mcfg.calibration.method
-    path = out_dir / f"int8-{method}.onnx"
+    path = out_dir / f"int8-{method}{'-folded' if fold else ''}.onnx"
     want = {
         "source_sha256": src_sha,
         "calibration_id": cset.id,
@@ -131,6 +132,7 @@ def candidate_model(
         "exclude_nodes": exclude_nodes,
         "percentile": percentile,
         "recipe": RECIPE,
+        "fold": fold,
     }
     info = _cached(path.with_suffix(".json"), want, path)
     if info is None:
@@ -143,6 +145,7 @@ def candidate_model(
             method,  # type: ignore[arg-type]
             exclude_nodes,
             percentile,
+            fold=fold,
         )
         info["quantize_s"] = round(time.monotonic() - t0, 2)
         _write_json(path.with_suffix(".json"), {"inputs": want, "info": info})
@@ -203,6 +206,7 @@ def run_gate(
     score_threshold: float | None = None,
     min_agreement: float | None = None,
     candidate_slack: float = CANDIDATE_SLACK,
+    fold: bool = False,
 ) -> dict[str, Any]:
     """Run the gate for `precision` (default: the model's), `best` trying int8 -> fp16 -> fp32.
 
@@ -233,7 +237,7 @@ def run_gate(
         int8_method = method or mcfg.calibration.method
         entry: dict[str, Any] = {"precision": prec, "method": int8_method if prec == "int8" else None}
         try:
-            cand = candidate_model(cfg, model, prec, cset, method, exclude_nodes, percentile, adapter)
+            cand = candidate_model(cfg, model, prec, cset, method, exclude_nodes, percentile, adapter, fold)
             if prec == "fp32" and on_reference_runtime:
                 dets, ms = reference, ref_ms  # the reference itself; another runtime is still measured
             else:

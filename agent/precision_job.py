@@ -65,6 +65,7 @@ def _settings_for(
     cset: CalibrationSet | None,
     method: str | None,
     weakly_typed: bool,
+    fold: bool = False,
 ) -> BuildSettings:
     mcfg = cfg.models[model]
     settings = build_settings(mcfg, precision)
@@ -75,7 +76,7 @@ def _settings_for(
     record = {"method": method, "samples": len(cset.calibration_paths), "data_id": cset.id}
     if weakly_typed:
         return replace(settings, calibration=record)  # TensorRT's calibrator reads the same frames
-    cand = candidate_model(cfg, model, "int8", cset, method)  # cached: the very file the gate measured
+    cand = candidate_model(cfg, model, "int8", cset, method, fold=fold)  # cached: the file the gate measured
     return replace(settings, qdq_onnx=cand.onnx, calibration=record)
 
 
@@ -101,7 +102,9 @@ def resolved_settings(
     if report is None or report.get("calibration_id") != cset.id:
         return None, None, f"precision {requested} not validated on the current calibration set yet"
     chosen = report["precision"] if report["passed"] else "fp32"
-    settings = _settings_for(cfg, model, chosen, cset, report.get("method"), weakly_typed)
+    settings = _settings_for(
+        cfg, model, chosen, cset, report.get("method"), weakly_typed, bool(report.get("folded"))
+    )
     return settings, report, ""
 
 
@@ -185,13 +188,20 @@ def run_job(
         report = run_gate(cfg, model, requested)
         tried = list(report["tried"])
         first = report["precision"] if report["passed"] else "fp32"
-        for prec in ORDER[ORDER.index(first) :]:
-            if prec != first:  # a fallback: its graph must pass the gate too
-                report = run_gate(cfg, model, prec)
-                tried += report["tried"]
+        # (precision, folded Q/DQ graph); the folded INT8 variant is tried only where a strongly typed
+        # TensorRT could not build the unfolded one (TensorRT-RTX 1.7 on tf2onnx graphs).
+        steps = [(p, False) for p in ORDER[ORDER.index(first) :]]
+        i = 0
+        while i < len(steps):
+            prec, fold = steps[i]
+            i += 1
+            if i > 1:  # a fallback: its graph must pass the gate too
+                report = run_gate(cfg, model, prec, fold=fold)
+                tried += [{**t, "folded": fold} if fold else t for t in report["tried"]]
                 if not report["passed"]:
                     continue
-            settings = _settings_for(cfg, model, prec, cset, report.get("method"), api.weakly_typed)
+            report["folded"] = fold
+            settings = _settings_for(cfg, model, prec, cset, report.get("method"), api.weakly_typed, fold)
             batches = None
             if prec == "int8" and api.weakly_typed:
                 batches = functools.partial(calibration_batches, cset, model_adapter(cfg, model))
@@ -200,20 +210,27 @@ def run_job(
             except EngineError as exc:
                 if prec == "fp32":
                     raise
-                # e.g. a TensorRT that cannot build this Q/DQ graph: the next precision down.
+                variant = f"{prec}{' (folded)' if fold else ''}"
                 log.warning(
-                    "model %s: %s engine build failed (%s); trying the next precision", model, prec, exc
+                    "model %s: %s engine build failed (%s); trying the next step", model, variant, exc
                 )
                 tried.append(
-                    {"precision": prec, "passed": False, "reason": f"{prec}: engine build failed: {exc}"}
+                    {
+                        "precision": prec,
+                        "passed": False,
+                        "folded": fold,
+                        "reason": f"{variant}: engine build failed: {exc}",
+                    }
                 )
+                if prec == "int8" and not fold and not api.weakly_typed:
+                    steps.insert(i, ("int8", True))
                 continue
             runtime = "onnxruntime"
             engine_report = _engine_gate(cfg, model, prec, store, result.key, api, fp)
             if engine_report is not None:
                 runtime = "tensorrt"
                 tried += [{**t, "runtime": "tensorrt"} for t in engine_report["tried"]]
-                report = engine_report
+                report = {**engine_report, "folded": fold}
                 if not engine_report["passed"] and prec != "fp32":
                     continue
             break

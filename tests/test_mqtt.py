@@ -48,8 +48,16 @@ def make_client(request: pytest.FixtureRequest) -> Iterator[MakeClient]:
 
     def make(port: int, device: str | None = None, start: bool = True, **kw: Any) -> MqttClient:
         device = device or request.node.name.replace("[", "-").replace("]", "")
-        kw.setdefault("birth", lambda: {"state": "online", "version": "0.1.0", "started_at": 1.0,
-                                        "cameras_up": 1, "cameras_total": 1})
+        kw.setdefault(
+            "birth",
+            lambda: {
+                "state": "online",
+                "version": "0.1.0",
+                "started_at": 1.0,
+                "cameras_up": 1,
+                "cameras_total": 1,
+            },
+        )
         c = MqttClient(topics=Topics(PREFIX, device), host="127.0.0.1", port=port, **kw)
         clients.append(c)
         if start:
@@ -97,7 +105,10 @@ def test_topic_names_are_validated(call: Callable[[Topics], Any], field: str) ->
 def test_payload_has_schema_ts_and_serialises_numpy() -> None:
     before = time.time()
     raw = payload(
-        "detections", frame_id=np.int64(7), score=np.float32(0.5), box=np.array([1.0, 2.0, 3.0, 4.0]),
+        "detections",
+        frame_id=np.int64(7),
+        score=np.float32(0.5),
+        box=np.array([1.0, 2.0, 3.0, 4.0]),
         ok=np.bool_(True),
     )
     d = json.loads(raw)
@@ -153,7 +164,10 @@ def test_birth_and_states_are_retained_for_a_late_subscriber(
     assert retained
     assert status["schema"] == "edge-agent/status/1"
     assert {k: status[k] for k in ("state", "version", "cameras_up", "cameras_total")} == {
-        "state": "online", "version": "0.1.0", "cameras_up": 1, "cameras_total": 1,
+        "state": "online",
+        "version": "0.1.0",
+        "cameras_up": 1,
+        "cameras_total": 1,
     }
     assert by_topic[c.topics.camera_state("gate")][0]["state"] == "streaming"
     assert by_topic[c.topics.camera_state("gate")][1]
@@ -291,7 +305,9 @@ def test_offline_queue_drops_oldest_and_counts(
 
 
 def test_reconnect_after_broker_restart_restores_retained_states(
-    mqtt_broker: Broker, make_client: MakeClient, mqtt_subscribe: Callable[..., Subscriber],
+    mqtt_broker: Broker,
+    make_client: MakeClient,
+    mqtt_subscribe: Callable[..., Subscriber],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.mqtt")
@@ -358,8 +374,11 @@ def _command(commander: tuple[MqttClient, Subscriber], action: str, raw: bytes) 
         ("snapshot", b'{"camera": "gate", "request_id": "r1"', "is not valid JSON"),
         ("snapshot", b"[1, 2]", "must be a JSON object, got list"),
         ("snapshot", b"\xff\xfe", "is not valid JSON"),
-        ("selfdestruct", b'{"request_id": "r2"}',
-         "unknown action 'selfdestruct' (known: rebuild, reload, snapshot)"),
+        (
+            "selfdestruct",
+            b'{"request_id": "r2"}',
+            "unknown action 'selfdestruct' (known: rebuild, reload, snapshot)",
+        ),
         ("rebuild", b'{"model": "ghost", "request_id": "r3"}', "model 'ghost' is not configured"),
         ("snapshot", b'{"request_id": "r4"}', "'camera'"),  # handler KeyError -> str(exc)
     ],

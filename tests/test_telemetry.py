@@ -106,8 +106,13 @@ def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
             text = resp.read().decode()
     finally:
         m.stop_http()
-    line = next(x for x in text.splitlines() if x.startswith("edge_agent_stage_latency_seconds{")
-                and 'stage="infer"' in x and 'quantile="0.5"' in x)
+    line = next(
+        x
+        for x in text.splitlines()
+        if x.startswith("edge_agent_stage_latency_seconds{")
+        and 'stage="infer"' in x
+        and 'quantile="0.5"' in x
+    )
     assert float(line.split()[-1]) == pytest.approx(0.0505, abs=1e-4)
     assert 'edge_agent_camera_fps{camera="gate",direction="in"} 25.0' in text
     assert "edge_agent_mqtt_dropped_offline 7.0" in text
