@@ -44,7 +44,7 @@ from agent.config import AgentConfig, ConfigError, load_config
 from agent.engine_settings import build_settings, trt_flavor
 from agent.precision_gate import candidate_model, manifest_validation, read_report, run_gate, write_report
 from engines.builder import build
-from engines.buildproc import BuildProcess, failure, json_lines_stdout
+from engines.buildproc import BuildProcess, failure, json_lines_stdout, success
 from engines.errors import EngineError
 from engines.fingerprint import probe_fingerprint
 from engines.runtimes.base import BackendError
@@ -252,21 +252,7 @@ def _result_event(
     validation: dict[str, Any] | None,
     tried: list[dict[str, Any]],
 ) -> Event:
-    return {
-        "event": "result",
-        "ok": True,
-        "built": result.built,
-        "key": result.key,
-        "plan": str(result.plan_path),
-        "build_s": round(result.build_s, 3),
-        "message": result.message,
-        "reasons": result.reasons,
-        "precision": precision,
-        "requested": requested,
-        "validation": validation,
-        "tried": tried,
-        "error": None,
-    }
+    return success(result, precision=precision, requested=requested, validation=validation, tried=tried)
 
 
 def start_precision_job(

@@ -53,6 +53,24 @@ def failure(error: str, error_type: str) -> Event:
     }
 
 
+def success(result: Any, **extra: Any) -> Event:
+    """The result event of a finished build (an engines.builder.BuildResult), plus `extra` fields."""
+    return {
+        "event": "result",
+        "ok": True,
+        "built": result.built,
+        "key": result.key,
+        "plan": str(result.plan_path),
+        "manifest": result.manifest.to_dict() if result.manifest else None,
+        "build_s": round(result.build_s, 3),
+        "message": result.message,
+        "reasons": result.reasons,
+        "error": None,
+        "error_type": None,
+        **extra,
+    }
+
+
 def json_lines_stdout() -> Callable[[Event], None]:
     """An emitter of JSON lines on the real stdout, with fd 1 pointed at stderr from now on.
 
@@ -193,19 +211,7 @@ def _serve(request: dict[str, Any], emit: Callable[[Event], None]) -> Event:
         )
     except (EngineError, ValueError, KeyError, OSError) as e:
         return failure(f"model {model!r}: {e}", type(e).__name__)
-    return {
-        "event": "result",
-        "ok": True,
-        "built": result.built,
-        "key": result.key,
-        "plan": str(result.plan_path),
-        "manifest": result.manifest.to_dict() if result.manifest else None,
-        "build_s": round(result.build_s, 3),
-        "message": result.message,
-        "reasons": result.reasons,
-        "error": None,
-        "error_type": None,
-    }
+    return success(result)
 
 
 def main() -> int:

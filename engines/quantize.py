@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import hashlib
 import inspect
 import io
 import itertools
@@ -37,6 +36,7 @@ import onnx
 
 from engines.errors import BuildError, UnavailableError
 from engines.fsutil import fsync_dir, temp_path_for
+from engines.store import sha256_file
 
 log = logging.getLogger("engines.quantize")
 
@@ -181,12 +181,7 @@ class _Reader:
         return next(self._it, None)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_of = sha256_file  # the store's streaming hash, under the name the gate uses
 
 
 class _LogWriter(io.TextIOBase):
