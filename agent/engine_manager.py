@@ -112,19 +112,7 @@ class EngineManager:
         self._set(me, state="checking", backend="onnxruntime")
         settings, report, why = self._settings(me)
         if settings is None:
-            backend = open_ort(name, cfg)
-            log.warning("model %s: %s; ONNX Runtime serves (fallback) while the gate runs", name, why)
-            self._set(
-                me,
-                state="fallback",
-                backend=backend.name,
-                precision=backend.precision,
-                reasons=[why],
-                key=None,
-                loaded=False,
-            )
-            self.rebuild(name)
-            return backend
+            return self._fallback(me, [why], "the gate runs")
         if report is not None:
             self._set(me, validation=_state_validation(report))
         result = check(store, name, settings, fp)
@@ -142,24 +130,26 @@ class EngineManager:
                     reasons=[],
                 )
                 return trt
-        backend = open_ort(name, cfg)
         if result.ok:
-            return backend  # fitting engine that this device cannot run: state set by _try_load
+            return open_ort(name, cfg)  # fitting engine that this device cannot run: see _try_load
+        return self._fallback(me, result.reasons, "one is built")
+
+    def _fallback(self, me: ModelEngine, reasons: list[str], meanwhile: str) -> Backend:
+        """ONNX Runtime serves while a build (and gate) runs in a child process."""
+        backend = open_ort(me.name, me.cfg)
         log.warning(
-            "model %s: no fitting engine (%s); ONNX Runtime serves (fallback) while one is built",
-            name,
-            "; ".join(result.reasons),
+            "model %s: %s; ONNX Runtime serves (fallback) while %s", me.name, "; ".join(reasons), meanwhile
         )
         self._set(
             me,
             state="fallback",
             backend=backend.name,
             precision=backend.precision,
-            reasons=result.reasons,
+            reasons=reasons,
             key=None,
             loaded=False,
         )
-        self.rebuild(name)
+        self.rebuild(me.name)
         return backend
 
     def _ort_only(self, name: str, cfg: ModelConfig, reasons: list[str]) -> Backend:
