@@ -167,3 +167,45 @@ telemetry: {{interval_s: 5}}
     )
     assert plan.exists()  # the previous engine is still there
     assert agent.proc.poll() is None
+
+
+def _config(tmp_path: Path, engine_dir: Path, onnx: Path) -> Path:
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"""
+engine_dir: {engine_dir}
+models:
+  detector: {{onnx: {onnx}, format: nanodet, labels: {ASSETS / "coco.names"}, backend: tensorrt_rtx,
+              precision: fp32}}
+cameras:
+  street: {{url: {ASSETS / "bikes.mp4"}, model: detector}}
+mqtt: {{enabled: false}}
+""")
+    return config
+
+
+def test_unwritable_engine_dir_is_a_clear_start_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where engine_dir's parent should be")
+    config = _config(tmp_path, blocker / "engines", ASSETS / "nanodet-m-416.onnx")
+    run = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "run", "-c", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert str(blocker / "engines") in run.stderr and "Traceback" not in run.stderr
+
+
+def test_check_exit_codes(tmp_path: Path) -> None:
+    missing_onnx = _config(tmp_path, tmp_path / "engines", tmp_path / "nope.onnx")
+    run = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "check", "-c", str(missing_onnx)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "nope.onnx" in run.stdout + run.stderr
