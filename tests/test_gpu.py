@@ -28,3 +28,14 @@ def test_fingerprint_fields_from_gpu_without_tensorrt() -> None:
         pytest.skip("needs both cuda-python and pynvml")
     assert cb.name == nv.name
     assert cb.compute_capability == nv.compute_capability
+
+
+def test_gpu_telemetry_reads_nvml() -> None:
+    pytest.importorskip("pynvml", reason="needs nvidia-ml-py (the `cuda` extra)")
+    from agent.telemetry import gpu_stats
+
+    stats = gpu_stats()
+    assert stats, "NVML gave nothing on a GPU machine"
+    first = stats["0"]
+    assert first["name"] and first["mem_total_mb"] > 1000
+    assert 0.0 <= first["util_percent"] <= 100.0 and 0.0 < first["temp_c"] < 110.0
