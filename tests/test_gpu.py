@@ -39,3 +39,19 @@ def test_gpu_telemetry_reads_nvml() -> None:
     first = stats["0"]
     assert first["name"] and first["mem_total_mb"] > 1000
     assert 0.0 <= first["util_percent"] <= 100.0 and 0.0 < first["temp_c"] < 110.0
+
+
+def test_device_buffer_round_trip_and_clear_errors() -> None:
+    import numpy as np
+
+    from engines.cuda_buffers import CudaError, DeviceBuffer
+
+    batch = np.random.default_rng(1).standard_normal((2, 3, 416, 416)).astype(np.float32)
+    with DeviceBuffer(batch.nbytes) as buf:
+        buf.copy_from_host(batch)
+        back = buf.copy_to_host(np.empty_like(batch))
+        assert np.array_equal(back, batch)
+        with pytest.raises(CudaError, match="does not fit"):
+            buf.copy_from_host(np.zeros(batch.size + 1, np.float32))
+    with pytest.raises(CudaError, match="cudaMalloc"):
+        DeviceBuffer(1 << 50)  # 1 PiB
