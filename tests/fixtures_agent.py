@@ -89,3 +89,10 @@ def wait(
                 f"agent log:\n{agent.text()[-4000:]}"
             )
         time.sleep(0.1)
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`edge-agent ARGS` in a subprocess from the repository, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )

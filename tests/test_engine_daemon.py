@@ -10,14 +10,12 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures_agent import AgentProcess, decoded, wait
+from fixtures_agent import AgentProcess, decoded, run_cli, wait
 from fixtures_mqtt import Broker, Message, Subscriber
 
 pytest.importorskip("tensorrt_rtx", reason="CI installs tensorrt-rtx (test extra)")
@@ -94,13 +92,7 @@ telemetry: {{interval_s: 5}}
 
     # 2. `edge-agent rebuild --force` from another process; the daemon picks the new plan up.
     n_before = len(sub.snapshot())
-    cli = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "rebuild", "-c", str(config), "--force", "--wait", "30"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = run_cli("rebuild", "-c", str(config), "--force", "--wait", "30", timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert "built engine" in cli.stdout
     msgs = wait(
@@ -116,13 +108,7 @@ telemetry: {{interval_s: 5}}
     assert picked["state"] == "ready" and picked["key"] == ready["key"]
 
     # 3. A second rebuild without --force has nothing to do and says so.
-    cli = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "rebuild", "-c", str(config)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = run_cli("rebuild", "-c", str(config), timeout=120)
     assert cli.returncode == 0 and "nothing to build" in cli.stdout, cli.stdout + cli.stderr
 
     # 4. MQTT cmd/rebuild: validated, answered, then built.
@@ -187,25 +173,13 @@ def test_unwritable_engine_dir_is_a_clear_start_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where engine_dir's parent should be")
     config = _config(tmp_path, blocker / "engines", ASSETS / "nanodet-m-416.onnx")
-    run = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "run", "-c", str(config)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_cli("run", "-c", str(config), timeout=60)
     assert run.returncode == 2
     assert str(blocker / "engines") in run.stderr and "Traceback" not in run.stderr
 
 
 def test_check_exit_codes(tmp_path: Path) -> None:
     missing_onnx = _config(tmp_path, tmp_path / "engines", tmp_path / "nope.onnx")
-    run = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "check", "-c", str(missing_onnx)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_cli("check", "-c", str(missing_onnx), timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "nope.onnx" in run.stdout + run.stderr

@@ -9,13 +9,11 @@ builds in a child process -> engine state `ready` with its validation; detection
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures_agent import AgentProcess, decoded, wait
+from fixtures_agent import AgentProcess, decoded, run_cli, wait
 from fixtures_mqtt import Broker, Subscriber
 
 pytest.importorskip("tensorrt_rtx", reason="CI installs tensorrt-rtx (test extra)")
@@ -47,26 +45,20 @@ telemetry: {{interval_s: 5}}
     return config
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-
-
 def test_cli_best_gates_then_builds_and_check_is_ok(tmp_path: Path) -> None:
     # Above what INT8 reaches on this clip (about 0.8 with minmax), FP16 agrees fully.
     config = write_config(tmp_path, min_agreement=0.95)
-    before = cli("check", "-c", str(config), "--json")
+    before = run_cli("check", "-c", str(config), "--json")
     assert before.returncode == 1, before.stdout + before.stderr
     reasons = json.loads(before.stdout)["models"]["detector"]["reasons"]
     assert any("needs the accuracy gate" in r for r in reasons)
 
-    built = cli("rebuild", "-c", str(config))
+    built = run_cli("rebuild", "-c", str(config))
     assert built.returncode == 0, built.stderr
     assert "gate int8/minmax failed: map50" in built.stdout and "< min_agreement 0.95" in built.stdout
     assert "best -> fp16" in built.stdout
 
-    after = cli("check", "-c", str(config), "--json")
+    after = run_cli("check", "-c", str(config), "--json")
     assert after.returncode == 0, after.stdout + after.stderr
     entry = json.loads(after.stdout)["models"]["detector"]
     assert entry["validation"]["precision"] == "fp16" and entry["validation"]["passed"] is True
@@ -79,7 +71,7 @@ def test_cli_best_gates_then_builds_and_check_is_ok(tmp_path: Path) -> None:
     # The gate's held-out frames were never calibration frames.
     cal = json.loads((tmp_path / "engines" / "detector" / "calibration" / "calibration.json").read_text())
     assert cal["samples"] == 40
-    validate = cli("validate", "-c", str(config), "--precision", "int8", "--json")
+    validate = run_cli("validate", "-c", str(config), "--precision", "int8", "--json")
     assert validate.returncode == 1, validate.stdout + validate.stderr  # int8 fails the 0.95 gate
     assert json.loads(validate.stdout)["passed"] is False
 
