@@ -17,7 +17,8 @@ import numpy as np
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
+from engines.gpu_probe import NVML, Nvml
+
 QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 _PROM_QUANTILE = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
 
@@ -144,32 +145,13 @@ def process_stats() -> dict[str, float]:
         return _process.sample()
 
 
-def gpu_stats() -> dict[str, dict[str, Any]]:
+def gpu_stats(nvml: Nvml = NVML) -> dict[str, dict[str, Any]]:
     """{index: {name, util_percent, mem_used_mb, mem_total_mb, temp_c}} via NVML; {} when unreadable.
 
-    NVML is optional (absent on Jetson, where tegrastats is the source): any failure gives {}.
+    NVML is optional (absent on Jetson, where tegrastats is the source): any failure gives {}. The
+    reader is engines.gpu_probe's, initialised once per process.
     """
-    try:
-        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
-    except ImportError:
-        return {}
-    try:
-        pynvml.nvmlInit()
-        out: dict[str, dict[str, Any]] = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out[str(i)] = {
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "util_percent": float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                "mem_used_mb": round(mem.used / 2**20, 1),
-                "mem_total_mb": round(mem.total / 2**20, 1),
-                "temp_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
-            }
-        return out
-    except Exception:  # NVMLError and friends: no GPU, no driver, no permission
-        return {}
+    return nvml.stats()
 
 
 def build_telemetry(

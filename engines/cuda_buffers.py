@@ -6,7 +6,8 @@
 
 cuda-python is imported lazily (only a calibrating build needs it), as `cuda.bindings.runtime`
 (cuda-python >= 12.6) or the older `cuda.cudart`. Every call returns `(err, *result)`; `cuda_call`
-unwraps that in one place and raises CudaError naming the call and the CUDA error.
+unwraps that in one place (for engines.gpu_probe's driver-API calls too) and raises CudaError naming the
+call and the CUDA error.
 Anything with `.ptr`, `.nbytes`, `copy_from_host(array)` and `free()` can stand in (tests inject a fake).
 """
 
@@ -51,16 +52,29 @@ def import_cudart() -> ModuleType:
     )
 
 
-def cuda_call(cudart: ModuleType, what: str, result: Any) -> Any:
-    """Unwrap cuda-python's `(err, *values)`: None, the one value, or a tuple; CudaError on failure."""
+def cuda_call(api: ModuleType, what: str, result: Any) -> Any:
+    """Unwrap cuda-python's `(err, *values)`: None, the one value, or a tuple; CudaError on failure.
+
+    `api` is the module that made the call, the runtime (`cudaError_t`, `cudaGetErrorName`) or the
+    driver API (`CUresult`, `cuGetErrorName`); both report success as 0.
+    """
     err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != int(cudart.cudaError_t.cudaSuccess):
-        name = cudart.cudaGetErrorName(err)[1]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        raise CudaError(f"{what} failed: {name} ({int(err)})")
+    if int(err) != 0:
+        raise CudaError(f"{what} failed: {_error_name(api, err)} ({int(err)})")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _error_name(api: ModuleType, err: Any) -> str:
+    get_name = getattr(api, "cudaGetErrorName", None) or getattr(api, "cuGetErrorName", None)
+    if get_name is None:
+        return str(err)
+    try:
+        name = get_name(err)[1]
+    except Exception:  # an error code the library cannot name: the number still says it
+        return str(err)
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 class DeviceBuffer:

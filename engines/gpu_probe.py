@@ -1,16 +1,24 @@
-"""What GPU is here: name, compute capability, driver and CUDA runtime versions.
+"""What GPU is here: name, compute capability, driver and CUDA runtime versions; and NVML's live stats.
 
 Tries cuda-python (`cuda.bindings`, works on Jetson and desktops) and then NVML (`pynvml`, desktops
 and servers; Jetson has no NVML). Both are optional: without either, or without a GPU, the answer
 is `GpuInfo()` (all None), which is what a CPU-only build machine gets.
+
+`NVML` is the process's one NVML reader (initialised once, on first use): `probe_nvml` reads the
+static facts from it, the agent's telemetry (`agent.telemetry.gpu_stats`) the per-device
+utilisation, memory and temperature.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from engines.cuda_buffers import CudaError, cuda_call
 
 log = logging.getLogger("engines.gpu")
 
@@ -28,12 +36,9 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def _ok(result: Any) -> Any:
-    """cuda-python returns (err, *values); raise unless err is success, else return the value(s)."""
-    err, *values = result
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA error {err}")
-    return values[0] if len(values) == 1 else tuple(values)
+def _text(value: Any) -> str:
+    """pynvml returns str or bytes, depending on its version."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def probe_cuda_bindings(index: int = 0) -> GpuInfo | None:
@@ -42,52 +47,116 @@ def probe_cuda_bindings(index: int = 0) -> GpuInfo | None:
     except ImportError:
         return None
     try:
-        _ok(driver.cuInit(0))
-        dev = _ok(driver.cuDeviceGet(index))
-        raw = _ok(driver.cuDeviceGetName(256, dev))
+        cuda_call(driver, "cuInit", driver.cuInit(0))
+        dev = cuda_call(driver, f"cuDeviceGet({index})", driver.cuDeviceGet(index))
+        raw = cuda_call(driver, "cuDeviceGetName", driver.cuDeviceGetName(256, dev))
         name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
         attr = driver.CUdevice_attribute
-        major = _ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-        minor = _ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-        drv = _cuda_version(_ok(driver.cuDriverGetVersion()))
-    except Exception as e:  # no driver / no device: a CPU-only machine
+        major = cuda_call(
+            driver,
+            "cuDeviceGetAttribute(CC major)",
+            driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+        )
+        minor = cuda_call(
+            driver,
+            "cuDeviceGetAttribute(CC minor)",
+            driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+        )
+        drv = _cuda_version(cuda_call(driver, "cuDriverGetVersion", driver.cuDriverGetVersion()))
+    except CudaError as e:  # no device, no driver, driver too old: a CPU-only machine
         log.debug("cuda.bindings: no GPU %d: %s", index, e)
+        return None
+    except Exception as e:  # the bindings' own errors when libcuda cannot be loaded at all
+        log.debug("cuda.bindings: no CUDA driver: %s", e)
         return None
     runtime_v = None
     try:
         runtime = importlib.import_module("cuda.bindings.runtime")
-        runtime_v = _cuda_version(_ok(runtime.cudaRuntimeGetVersion()))
-    except Exception as e:  # runtime library absent: keep the driver-side facts
+        runtime_v = _cuda_version(
+            cuda_call(runtime, "cudaRuntimeGetVersion", runtime.cudaRuntimeGetVersion())
+        )
+    except Exception as e:  # CudaError, or the runtime library absent: keep the driver-side facts
         log.debug("cuda.bindings.runtime: %s", e)
     return GpuInfo(name, f"{major}.{minor}", drv, runtime_v, "cuda.bindings")
 
 
-def probe_nvml(index: int = 0) -> GpuInfo | None:
-    try:
-        nvml = importlib.import_module("pynvml")
-    except ImportError:
-        return None
-    try:
-        nvml.nvmlInit()
-    except Exception as e:
-        log.debug("NVML init failed: %s", e)
-        return None
-    try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        name = nvml.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-        drv = nvml.nvmlSystemGetDriverVersion()
-        drv = drv.decode() if isinstance(drv, bytes) else str(drv)
-        return GpuInfo(name, f"{major}.{minor}", drv, None, "pynvml")
-    except Exception as e:
-        log.debug("NVML: no GPU %d: %s", index, e)
-        return None
-    finally:
+def _import_pynvml() -> Any:
+    return importlib.import_module("pynvml")  # optional: nvidia-ml-py
+
+
+class Nvml:
+    """NVML through pynvml, initialised once (on first use, then kept for the life of the process).
+
+    Every read degrades instead of raising: None / {} when pynvml is missing, when there is no driver or
+    no permission (NVMLError), or when the device does not answer. A failed initialisation is retried
+    on the next read (the driver may come up after the agent). Thread-safe: NVML calls are, and the
+    initialisation is under a lock.
+    """
+
+    def __init__(self, load: Callable[[], Any] = _import_pynvml) -> None:
+        self._load = load
+        self._lock = threading.Lock()
+        self._lib: Any = None
+
+    def lib(self) -> Any | None:
+        """The initialised pynvml module, or None where NVML cannot be used."""
+        with self._lock:
+            if self._lib is None:
+                try:
+                    lib = self._load()
+                except ImportError:
+                    return None
+                try:
+                    lib.nvmlInit()
+                except Exception as e:  # NVMLError: no driver, no GPU, no permission
+                    log.debug("NVML init failed: %s", e)
+                    return None
+                self._lib = lib
+            return self._lib
+
+    def info(self, index: int = 0) -> GpuInfo | None:
+        """Name, compute capability and driver version of GPU `index`; None when NVML cannot tell."""
+        nvml = self.lib()
+        if nvml is None:
+            return None
         try:
-            nvml.nvmlShutdown()
-        except Exception as e:  # shutting down is best effort
-            log.debug("NVML shutdown: %s", e)
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            drv = _text(nvml.nvmlSystemGetDriverVersion())
+        except Exception as e:
+            log.debug("NVML: no GPU %d: %s", index, e)
+            return None
+        return GpuInfo(name, f"{major}.{minor}", drv, None, "pynvml")
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """{index: {name, util_percent, mem_used_mb, mem_total_mb, temp_c}} of every GPU; {} if unreadable."""
+        nvml = self.lib()
+        if nvml is None:
+            return {}
+        try:
+            out: dict[str, dict[str, Any]] = {}
+            for i in range(nvml.nvmlDeviceGetCount()):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                out[str(i)] = {
+                    "name": _text(nvml.nvmlDeviceGetName(h)),
+                    "util_percent": float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                    "mem_used_mb": round(mem.used / 2**20, 1),
+                    "mem_total_mb": round(mem.total / 2**20, 1),
+                    "temp_c": float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+                }
+            return out
+        except Exception as e:  # NVMLError and friends: a device gone, no permission
+            log.debug("NVML stats: %s", e)
+            return {}
+
+
+NVML = Nvml()
+
+
+def probe_nvml(index: int = 0) -> GpuInfo | None:
+    return NVML.info(index)
 
 
 def probe_gpu(index: int = 0) -> GpuInfo:

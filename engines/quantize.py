@@ -13,8 +13,7 @@ and the output heads (class scores and box distributions are decoded with thresh
 Exported names are often meaningless (tf2onnx: `Conv__145`), so they are found from the graph
 structure; `exclude_nodes` adds names or fnmatch patterns on top.
 
-ONNX Runtime's quantiser is the default engine; NVIDIA ModelOpt's ONNX PTQ is used when asked for
-and importable (never installed by us).
+Calibration and Q/DQ placement are ONNX Runtime's quantiser (quantize_static), calibrated in chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from engines.errors import BuildError, UnavailableError
+from engines.errors import BuildError
 from engines.fsutil import fsync_dir, temp_path_for
 from engines.store import sha256_file
 
@@ -220,7 +219,6 @@ def make_qdq_onnx(
     *,
     op_types: Iterable[str] = DEFAULT_OP_TYPES,
     auto_exclude: bool = True,
-    engine: Literal["ort", "modelopt"] = "ort",
     fold: bool = False,
 ) -> dict[str, Any]:
     """Write an INT8 Q/DQ copy of `src` to `dst` (atomically), calibrated on `batches`.
@@ -233,7 +231,7 @@ def make_qdq_onnx(
     `batches`: preprocessed float32 NCHW arrays (any batch size; re-chunked to a fixed ONNX batch).
     `exclude_nodes`: node names or fnmatch patterns kept float, added to the automatically found
     sensitive nodes (first layer, output heads) unless `auto_exclude` is False.
-    Returns {method, samples, sha256, percentile, op_types, excluded, engine}.
+    Returns {method, samples, sha256, percentile, op_types, excluded, recipe, folded}.
     """
     src, dst = Path(src), Path(dst)
     if method not in METHODS:
@@ -247,16 +245,12 @@ def make_qdq_onnx(
     if not src.is_file():
         raise QuantizationError(f"ONNX model {src} does not exist")
     if not fold:
-        info = _make_qdq(
-            src, src, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude, engine
-        )
+        info = _make_qdq(src, src, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude)
         return {**info, "folded": False}
     with tempfile.TemporaryDirectory(prefix="edge-agent-qdq-") as work:
         folded = Path(work) / "folded.onnx"
         fold_graph(src, folded)
-        info = _make_qdq(
-            src, folded, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude, engine
-        )
+        info = _make_qdq(src, folded, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude)
         return {**info, "folded": True}
 
 
@@ -289,7 +283,6 @@ def _make_qdq(
     percentile: float,
     op_types: tuple[str, ...],
     auto_exclude: bool,
-    engine: Literal["ort", "modelopt"],
 ) -> dict[str, Any]:
     try:
         model = onnx.load(str(folded))
@@ -313,10 +306,7 @@ def _make_qdq(
         # ORT prints calibration progress to stdout (would corrupt `validate --json`) and logs a
         # "consider pre-processing" warning on the root logger every call: send both to our log.
         with contextlib.redirect_stdout(_LogWriter()), _quiet_root(_ORT_NOISE):
-            if engine == "modelopt":
-                _quantize_modelopt(folded, tmp, reader, method, excluded, op_types, percentile)
-            else:
-                _quantize_ort(folded, tmp, reader, method, excluded, op_types, percentile)
+            _quantize_ort(folded, tmp, reader, method, excluded, op_types, percentile)
         if reader.samples == 0:
             raise QuantizationError(f"{src}: no calibration samples were given")
         with open(tmp, "rb+") as f:
@@ -324,8 +314,8 @@ def _make_qdq(
         os.replace(tmp, dst)
     except QuantizationError:
         raise
-    except Exception as e:  # ORT/ModelOpt raise plain exceptions; name the files
-        raise QuantizationError(f"{engine} INT8 quantisation of {src} -> {dst} failed: {e}") from e
+    except Exception as e:  # ORT raises plain exceptions; name the files
+        raise QuantizationError(f"INT8 quantisation of {src} -> {dst} failed: {e}") from e
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(dst.parent)
@@ -336,7 +326,6 @@ def _make_qdq(
         "percentile": percentile if method == "percentile" else None,
         "op_types": list(op_types),
         "excluded": excluded,
-        "engine": engine,
         "recipe": RECIPE,
     }
     log.info("INT8 Q/DQ %s from %s: %s", dst, src, info)
@@ -475,36 +464,3 @@ def _quantize_ort(
         save_tensors_data(ranges, cache)
         del ranges
         quantize_static(calibration_data_reader=None, calibration_cache_path=cache, **common)
-
-
-def _quantize_modelopt(
-    src: Path,
-    out: Path,
-    reader: _Reader,
-    method: str,
-    excluded: list[str],
-    op_types: tuple[str, ...],
-    percentile: float,
-) -> None:
-    """NVIDIA ModelOpt ONNX PTQ (unverified here: modelopt is not installed in CI)."""
-    try:
-        from modelopt.onnx.quantization import quantize as mo_quantize
-    except ImportError as e:
-        raise UnavailableError("engine 'modelopt' needs nvidia-modelopt[onnx] (pip install it)") from e
-    if method == "percentile":
-        raise QuantizationError("ModelOpt has no percentile calibration; use entropy or minmax")
-    feeds = []
-    while (feed := reader.get_next()) is not None:
-        feeds.append(feed[reader.input_name])
-    if not feeds:
-        raise QuantizationError(f"{src}: no calibration samples were given")
-    mo_quantize(
-        onnx_path=str(src),
-        quantize_mode="int8",
-        calibration_data=np.concatenate(feeds),
-        calibration_method="entropy" if method == "entropy" else "max",
-        calibration_eps=["cpu"],
-        nodes_to_exclude=excluded,
-        op_types_to_quantize=list(op_types),
-        output_path=str(out),
-    )

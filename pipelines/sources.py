@@ -7,7 +7,7 @@ reopens it with exponential backoff and full jitter. State changes go to ``on_st
     starting -> streaming -> reconnecting -> streaming ... ; reconnecting -> failed (after max_failures)
 
 Credentials never leave this module: every log line, ``last_error`` and exception text goes through
-:func:`mask_url` (and the reader's own scrubber, which also knows the raw password).
+:func:`pipelines.urls.mask_url` (and the reader's own scrubber, which also knows the raw password).
 """
 
 from __future__ import annotations
@@ -16,23 +16,21 @@ import logging
 import math
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import cv2
 import numpy as np
 
 from pipelines.frames import Frame
+from pipelines.urls import mask_url, secrets_of
 
 log = logging.getLogger(__name__)
-
-STATES = ("starting", "streaming", "reconnecting", "failed")
 
 StateCallback = Callable[[str, str, str | None], None]
 
@@ -62,41 +60,6 @@ def _configure_ffmpeg_options() -> None:
 _configure_ffmpeg_options()
 
 
-# --- credential masking ------------------------------------------------------------------------------------
-# scheme://user:password@host... ; the password part is greedy up to the last "@" of the whitespace-free token
-# so that an unencoded "@" in a password ("admin:p@ss@cam") is masked whole. Over-masking an odd URL is fine,
-# leaking is not.
-_USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*):(?P<password>\S*)@")
-# Some cameras take credentials in the query string instead (…?user=admin&password=…).
-_QUERY_SECRET_RE = re.compile(
-    r"(?P<head>[?&;](?:password|passwd|pwd|pass|token|secret|auth|key)=)[^&\s\"']*", re.IGNORECASE
-)
-
-
-def mask_url(url: str) -> str:
-    """Return ``url`` (or any text containing URLs) with passwords replaced by ``***``.
-
-    ``rtsp://admin:s3cret@10.0.0.21/stream`` -> ``rtsp://admin:***@10.0.0.21/stream``; a user without a
-    password is left as is; query parameters such as ``password=`` or ``token=`` are masked too.
-    """
-    masked = _USERINFO_RE.sub(lambda m: f"{m.group('head')}:***@", url)
-    return _QUERY_SECRET_RE.sub(lambda m: f"{m.group('head')}***", masked)
-
-
-def _secrets_of(text: str) -> list[str]:
-    """Passwords found in ``text`` (raw and percent-decoded), to scrub them from messages that quote them
-    outside a URL shape (an OpenCV or FFmpeg error, say)."""
-    found: set[str] = set()
-    for m in _USERINFO_RE.finditer(text):
-        found.add(m.group("password"))
-    for m in _QUERY_SECRET_RE.finditer(text):
-        found.add(text[m.end("head") : m.end()])
-    found |= {unquote(s) for s in found}
-    # Longest first so that a secret containing another is replaced whole; skip empties and 1-2 char
-    # values that would mangle unrelated text.
-    return sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
-
-
 # --- frame slot -------------------------------------------------------------------------------------------
 class FrameSlot:
     """A single-frame mailbox: the newest frame wins, an unread older one is dropped and counted.
@@ -110,7 +73,6 @@ class FrameSlot:
         self._frame: Frame | None = None
         self._put_at = 0.0
         self.dropped = 0  # frames replaced before anyone read them
-        self.puts = 0
 
     def put(self, frame: Frame) -> None:
         with self._cond:
@@ -118,7 +80,6 @@ class FrameSlot:
                 self.dropped += 1
             self._frame = frame
             self._put_at = time.monotonic()
-            self.puts += 1
             self._cond.notify_all()
 
     def get(self, timeout: float | None = None) -> Frame | None:
@@ -230,7 +191,7 @@ class CameraReader(threading.Thread):
         self.slot = slot if slot is not None else FrameSlot()
         self.on_state = on_state
         self._target = _resolve(spec)
-        self._secrets = _secrets_of(str(spec.pipeline if spec.pipeline is not None else spec.url))
+        self._secrets = secrets_of(str(spec.pipeline if spec.pipeline is not None else spec.url))
         self._rng = rng or random.Random()
         self._stopping = threading.Event()
         self._next_id = 0

@@ -1,5 +1,7 @@
 """Config validation: every error names the file and the key path; secrets never show."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,12 @@ def test_profiles_validated(tmp_path: Path) -> None:
         ConfigError, match=r"models\.detector\.profiles\.0\.images: each dimension must satisfy"
     ):
         load_config(path, env={"GATE_PASSWORD": "x"})
+
+
+def test_config_does_not_import_opencv() -> None:
+    # Loading a config (CLI, tools, precision jobs) must not pay for or depend on OpenCV: a fresh
+    # interpreter, since this test process has long imported cv2 through other tests.
+    code = "import sys, agent.config; assert 'cv2' not in sys.modules, 'agent.config imported cv2'"
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,8 @@ import pytest
 from fixtures_rtsp import CLIP, RtspServer, free_port
 
 from pipelines.frames import Frame
-from pipelines.sources import CameraReader, FrameSlot, SourceSpec, mask_url
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.urls import mask_url
 
 # Printed with -s, for the record; tests assert loose bounds only.
 MEASURED: dict[str, float] = {}

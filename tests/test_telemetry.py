@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 import urllib.request
 
 import numpy as np
@@ -17,6 +18,7 @@ from agent.telemetry import (
     process_stats,
 )
 from agent.topics import payload
+from engines.gpu_probe import GpuInfo, Nvml
 
 
 def test_percentiles_of_known_samples() -> None:
@@ -71,6 +73,82 @@ def test_process_and_gpu_stats() -> None:
     p = process_stats()
     assert p["rss_mb"] > 1 and p["cpu_percent"] >= 0
     assert isinstance(gpu_stats(), dict)  # {} without NVML
+
+
+class _NvmlError(Exception):
+    pass
+
+
+def fake_pynvml(devices: int = 2, init_fails: int = 0) -> types.SimpleNamespace:
+    """The slice of pynvml that engines.gpu_probe.Nvml reads, with call counts."""
+    calls = {"init": 0}
+
+    def init() -> None:
+        calls["init"] += 1
+        if calls["init"] <= init_fails:
+            raise _NvmlError("Driver Not Loaded")
+
+    def handle(i: int) -> int:
+        if i >= devices:
+            raise _NvmlError("Invalid Argument")
+        return i
+
+    return types.SimpleNamespace(
+        calls=calls,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=init,
+        nvmlDeviceGetCount=lambda: devices,
+        nvmlDeviceGetHandleByIndex=handle,
+        nvmlDeviceGetName=lambda h: b"NVIDIA Fake" if h == 0 else "NVIDIA Other",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=512 * 2**20, total=8192 * 2**20),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=37, memory=5),
+        nvmlDeviceGetTemperature=lambda h, sensor: 61,
+        nvmlDeviceGetCudaComputeCapability=lambda h: (8, 9),
+        nvmlSystemGetDriverVersion=lambda: b"580.65.06",
+    )
+
+
+def test_gpu_stats_through_the_one_nvml_reader() -> None:
+    lib = fake_pynvml()
+    nvml = Nvml(lambda: lib)
+    stats = gpu_stats(nvml)
+    assert stats == {
+        "0": {
+            "name": "NVIDIA Fake",
+            "util_percent": 37.0,
+            "mem_used_mb": 512.0,
+            "mem_total_mb": 8192.0,
+            "temp_c": 61.0,
+        },
+        "1": {
+            "name": "NVIDIA Other",
+            "util_percent": 37.0,
+            "mem_used_mb": 512.0,
+            "mem_total_mb": 8192.0,
+            "temp_c": 61.0,
+        },
+    }
+    assert nvml.info(0) == GpuInfo("NVIDIA Fake", "8.9", "580.65.06", None, "pynvml")
+    assert nvml.info(5) is None  # no such device: None, not an exception
+    gpu_stats(nvml)
+    assert lib.calls["init"] == 1  # initialised once, not per read
+    fields = build_telemetry(cameras={}, stages={}, backend="onnxruntime", batch_fill=None, gpu=stats)
+    assert fields["gpu"]["0"] == stats["0"]
+
+
+def test_gpu_stats_degrade_without_nvml() -> None:
+    def missing() -> None:
+        raise ImportError("No module named 'pynvml'")
+
+    assert gpu_stats(Nvml(missing)) == {}
+    assert Nvml(missing).info(0) is None
+    lib = fake_pynvml(init_fails=1)  # no driver yet: {} now, retried on the next read
+    nvml = Nvml(lambda: lib)
+    assert gpu_stats(nvml) == {}
+    assert set(gpu_stats(nvml)) == {"0", "1"} and lib.calls["init"] == 2
+    broken = fake_pynvml()
+    broken.nvmlDeviceGetCount = lambda: (_ for _ in ()).throw(_NvmlError("GPU is lost"))
+    assert gpu_stats(Nvml(lambda: broken)) == {}
 
 
 def _fields() -> dict:
