@@ -12,6 +12,7 @@ from pathlib import Path
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
 from engines.errors import EngineError
+from engines.plan import REQUESTABLE
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
@@ -54,10 +55,10 @@ def setup_logging(level: str) -> None:
         logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
-def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False, config_path: Path | None = None) -> int:
+def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
 
-    agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path)
+    agent = Agent(cfg, quiet_mqtt=quiet_mqtt)
     try:
         agent.start()
     except (ConfigError, OSError, RuntimeError) as exc:
@@ -86,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_config:
         print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
         return 0
-    return _run_agent(cfg, config_path=Path(args.config).resolve())
+    return _run_agent(cfg)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -112,7 +113,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     setup_logging(args.log_level)
-    from agent.engine_cli import run_check
+    from agent.lifecycle.commands import run_check
 
     return run_check(cfg, args.model, args.json)
 
@@ -120,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_rebuild(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     setup_logging(args.log_level)
-    from agent.engine_cli import run_rebuild
+    from agent.lifecycle.commands import run_rebuild
 
     return run_rebuild(cfg, args.model, args.force, args.precision, args.wait)
 
@@ -128,7 +129,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     setup_logging(args.log_level)
-    from agent.calibrate import run_calibrate
+    from agent.lifecycle.commands import run_calibrate
 
     folder = Path(args.source) if args.source else None
     return run_calibrate(cfg, args.model, folder, args.samples, args.held_out, args.interval)
@@ -137,7 +138,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     setup_logging(args.log_level)
-    from agent.precision_gate import run_validate
+    from agent.lifecycle.commands import run_validate
 
     return run_validate(cfg, args.model, args.precision, args.method, args.json)
 
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("-c", "--config", required=True)
     rb.add_argument("--model")
     rb.add_argument("--force", action="store_true", help="build even if the stored engine fits")
-    rb.add_argument("--precision", choices=["fp32", "fp16", "int8", "best"])
+    rb.add_argument("--precision", choices=REQUESTABLE)
     rb.add_argument(
         "--wait",
         type=float,
@@ -194,14 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--from", dest="source", metavar="DIR", help="images/videos instead of cameras")
     cal.add_argument("--samples", type=int, help="calibration frames (default: models.M.calibration.samples)")
     cal.add_argument("--held-out", type=int, help="gate frames on top (default: samples/9, at least 20)")
-    cal.add_argument("--interval", type=float, default=1.0, metavar="S", help="live cameras: seconds apart")
+    cal.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help="live cameras: seconds apart (default: its calibration.interval_s)",
+    )
     cal.add_argument("--log-level", default="warning")
     cal.set_defaults(func=cmd_calibrate)
 
     val = sub.add_parser("validate", help="accuracy gate on the held-out frames (exit 0 pass, 1 fail)")
     val.add_argument("-c", "--config", required=True)
     val.add_argument("--model", help="default: every model")
-    val.add_argument("--precision", choices=["fp32", "fp16", "int8", "best"], help="default: the model's")
+    val.add_argument("--precision", choices=REQUESTABLE, help="default: the model's")
     val.add_argument("--method", choices=["entropy", "minmax", "percentile"], help="int8 calibration method")
     val.add_argument("--json", action="store_true", help="print the validation object (+ model, precision)")
     val.add_argument("--log-level", default="warning")

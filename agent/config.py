@@ -23,7 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from pipelines.sources import mask_url
+from engines.plan import Precision
+from pipelines.urls import mask_url
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # safe inside an MQTT topic level
@@ -55,6 +56,8 @@ class CalibrationConfig(_Strict):
     samples: int = Field(500, gt=0)
     # minmax by default: measured best on the bundled detector (README precision table).
     method: Literal["entropy", "minmax", "percentile"] = "minmax"
+    # At most one frame per camera per interval, so the frames span minutes of scene change.
+    interval_s: float = Field(1.0, gt=0)
 
 
 class AccuracyGateConfig(_Strict):
@@ -94,7 +97,7 @@ class ModelConfig(_Strict):
     format: Literal["nanodet", "yolov8", "yolo11", "yolov5", "efficient_nms"] = "yolov8"
     labels: Path | None = None
     backend: Literal["auto", "tensorrt", "tensorrt_rtx", "onnxruntime"] = "auto"
-    precision: Literal["fp32", "fp16", "int8", "best"] = "fp16"
+    precision: Precision = "fp16"
     batch: BatchConfig = BatchConfig()
     calibration: CalibrationConfig = CalibrationConfig()
     accuracy_gate: AccuracyGateConfig = AccuracyGateConfig()

@@ -13,11 +13,13 @@ import numpy as np
 
 from agent import __version__
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
-from agent.engine_manager import EngineManager
+from agent.lifecycle.calibration import FrameTap
+from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
 from agent.results import ConsoleSink, detection_fields
 from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
+from engines.plan import REQUESTABLE
 from engines.runtimes.base import Backend
 from pipelines.frames import stage_latencies_ms
 from pipelines.models import make_adapter
@@ -62,7 +64,6 @@ class Agent:
         *,
         console: bool | None = None,
         quiet_mqtt: bool = False,
-        config_path: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.started_at = time.time()
@@ -78,8 +79,9 @@ class Agent:
         self._quiet_mqtt = quiet_mqtt
         self._console = ConsoleSink(self.labels) if (cfg.console if console is None else console) else None
         self._telemetry_thread: threading.Thread | None = None
+        self.taps: dict[str, FrameTap] = {}  # per model: frames for the gate, from the running pipeline
         self.engines = EngineManager(
-            cfg, self._publish_engine, self._swap_backend, __version__, config_path=config_path
+            cfg, self._publish_engine, self._swap_backend, __version__, frames_for=self.taps.get
         )
 
     # ---- start -------------------------------------------------------------------------------
@@ -130,12 +132,18 @@ class Agent:
         )
 
     def _open_model(self, name: str, mcfg: ModelConfig, sinks: list) -> None:
-        backend = self.engines.open(name, mcfg)
+        backend = self.engines.open(name)
         labels = load_labels(mcfg.labels) if mcfg.labels is not None else []
         self.labels[name] = labels
         adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
+        self.taps[name] = FrameTap()
         self.workers[name] = ModelWorker(
-            name, backend, adapter, sinks, iou_threshold=mcfg.iou_threshold, max_batch=mcfg.batch.max
+            name,
+            backend,
+            adapter,
+            [*sinks, self.taps[name]],
+            iou_threshold=mcfg.iou_threshold,
+            max_batch=mcfg.batch.max,
         )
 
     def _open_camera(self, name: str, cam: CameraConfig) -> None:
@@ -207,10 +215,9 @@ class Agent:
         self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
 
     def _swap_backend(self, model: str, backend: Backend) -> None:
-        """Hot swap between two batches; cameras and slots stay as they are."""
-        old = self.workers[model].swap_backend(backend)
-        log.info("model %s: now served by %s (%s), was %s", model, backend.name, backend.precision, old.name)
-        old.close()
+        """Hot swap between two batches; cameras and slots stay as they are. The worker switches at the top
+        of its next batch, logs "now served by", and closes the old backend once no batch uses it."""
+        self.workers[model].swap_backend(backend)
 
     def _cmd_rebuild(self, args: dict) -> dict:
         """MQTT cmd/rebuild {model?, force?, precision?}: starts builds, answers at once; progress and
@@ -223,8 +230,8 @@ class Agent:
         if not isinstance(force, bool):
             raise ValueError("field 'force': must be true or false")
         precision = args.get("precision")
-        if precision is not None and precision not in ("fp32", "fp16", "int8", "best"):
-            raise ValueError("field 'precision': must be one of fp32, fp16, int8, best")
+        if precision is not None and precision not in REQUESTABLE:
+            raise ValueError(f"field 'precision': must be one of {', '.join(REQUESTABLE)}")
         unknown = sorted(set(args) - {"model", "force", "precision"})
         if unknown:
             raise ValueError(f"unknown field(s) {unknown}")
@@ -318,7 +325,7 @@ class Agent:
         for cam in self.cameras.values():
             cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
         for worker in self.workers.values():
-            worker.backend.close()
+            worker.close_backends()  # leaves (and logs) a backend whose worker thread did not stop
         if self.mqtt is not None:
             self.mqtt.close()
         log.info("edge-agent stopped in %.2f s", time.monotonic() - t0)

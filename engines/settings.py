@@ -19,12 +19,12 @@ from typing import Any
 import onnx
 
 from engines.errors import BuildError
+from engines.plan import REQUESTABLE
 
 log = logging.getLogger("engines.settings")
 
 Shape = tuple[int, ...]
 DEFAULT_WORKSPACE = 1 << 30
-PRECISIONS = ("fp32", "fp16", "int8", "best")
 CALIBRATION_METHODS = ("entropy", "minmax", "percentile")
 # Layers kept out of INT8 on weakly typed TensorRT (calibrated INT8), matched against TensorRT layer names
 # with re.search. "@first_conv" (the stem sees raw pixels), "@head" (the last conv of each output path and
@@ -79,8 +79,8 @@ class BuildSettings:
             if value is not None:
                 object.__setattr__(self, name, Path(value))
         object.__setattr__(self, "int8_keep_layers", tuple(self.int8_keep_layers))
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision {self.precision!r} is not one of {list(PRECISIONS)}")
+        if self.precision not in REQUESTABLE:
+            raise ValueError(f"precision {self.precision!r} is not one of {list(REQUESTABLE)}")
         if self.int8_keep_precision not in ("fp16", "fp32"):
             raise ValueError(f"int8_keep_precision must be fp16 or fp32, got {self.int8_keep_precision!r}")
         if self.precision_constraints not in ("prefer", "obey"):

@@ -10,8 +10,8 @@ import cv2
 import pytest
 from fixtures_rtsp import RtspServer
 
-from agent.calibrate import capture_calibration_set
 from agent.config import parse_config
+from agent.lifecycle.calibration import capture_calibration_set
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 pytestmark = pytest.mark.slow

@@ -15,8 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("tensorrt_rtx")
 
+from agent.config import ModelConfig
+from agent.lifecycle.job import JobRequest, start_job
+from agent.lifecycle.model import ModelContext
 from engines.builder import build
-from engines.buildproc import start_build_process
+from engines.buildproc import ChildProcess
 from engines.compat import check
 from engines.errors import BuildError, BuildLockedError, StoreError
 from engines.fingerprint import probe_fingerprint
@@ -28,6 +31,14 @@ from engines.trt_api import import_trt
 NANODET = Path(__file__).resolve().parent.parent / "agent" / "assets" / "nanodet-m-416.onnx"
 MODEL = "det"
 pytestmark = pytest.mark.slow
+
+
+def start_fp32_job(onnx: Path, engine_dir: Path, force: bool = False, on_event=None) -> ChildProcess:
+    """The agent's build child (the one the daemon and the CLI use) for an fp32 engine of `onnx`."""
+    ctx = ModelContext(
+        MODEL, ModelConfig(onnx=onnx, backend="tensorrt_rtx", precision="fp32"), engine_dir, 0.4
+    )
+    return start_job(JobRequest(ctx, "fp32", force), on_event)
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +83,8 @@ def store_copy(built, tmp_path) -> EngineStore:
 
 def test_fp32_build_writes_plan_and_complete_manifest(built, fp32_settings, fp):
     root, result, events = built
-    assert result.built and result.plan_path == root / MODEL / f"{result.key}.plan"
+    plan_name = f"{result.key}-{result.manifest.build['plan_sha256'][:12]}.plan"  # named by content hash
+    assert result.built and result.plan_path == root / MODEL / plan_name
     m = load_manifest(root / MODEL / f"{result.key}.json")
     raw = json.loads(m.path.read_text())
     assert raw["schema"] == SCHEMA and set(raw) == {"schema", "fingerprint", "build", "validation"}
@@ -179,7 +191,7 @@ def test_sigkill_mid_build_leaves_no_loadable_plan(store_copy, fp32_settings, fp
                 holder["killed"] = True
                 holder["handle"].kill()
 
-        handle = start_build_process(MODEL, fp32_settings, store.root, force=force, on_event=on_event)
+        handle = start_fp32_job(fp32_settings.onnx, store.root, force=force, on_event=on_event)
         holder["handle"] = handle
         result = handle.wait(timeout=60)
         assert (
@@ -189,8 +201,8 @@ def test_sigkill_mid_build_leaves_no_loadable_plan(store_copy, fp32_settings, fp
         if store is empty:
             assert plans == [] and check(store, MODEL, fp32_settings, fp).status == "missing"
         else:
-            assert plans == [f"{built[1].key}.plan"] and check(store, MODEL, fp32_settings, fp).ok
-    # A killed writer's temp file (never named {key}.plan) is cleaned by the next build.
+            assert plans == [built[1].plan_path.name] and check(store, MODEL, fp32_settings, fp).ok
+    # A killed writer's temp file (a dot-file, never a plan name) is cleaned by the next build.
     stale = empty.model_dir(MODEL) / f".{built[1].key}.plan.tmp-99999-abcd"
     stale.write_bytes(b"half a plan")
     res = build(empty, MODEL, fp32_settings, fingerprint=fp)
@@ -199,9 +211,8 @@ def test_sigkill_mid_build_leaves_no_loadable_plan(store_copy, fp32_settings, fp
 
 def test_concurrent_builds_lock(store_copy, fp32_settings, fp, built):
     started = threading.Event()
-    handle = start_build_process(
-        MODEL,
-        fp32_settings,
+    handle = start_fp32_job(
+        fp32_settings.onnx,
         store_copy.root,
         force=True,
         on_event=lambda e: started.set() if e["event"] == "progress" else None,
@@ -243,7 +254,7 @@ def test_failed_builds_keep_previous_engine(store_copy, fp32_settings, fp, built
         ),
         str(custom),
     )
-    result = start_build_process(MODEL, BuildSettings(onnx=custom), store_copy.root).wait(timeout=60)
+    result = start_fp32_job(custom, store_copy.root).wait(timeout=60)
     assert not result["ok"] and result["error_type"] == "BuildError"
     assert str(custom) in result["error"] and "node fancy_node (op FancyOp)" in result["error"]
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.config import parse_config
-from agent.engine_settings import build_settings
+from agent.lifecycle.model import ModelContext
 from engines.builder import build
 from engines.compat import check
 from engines.fingerprint import probe_fingerprint
@@ -54,7 +54,8 @@ def test_two_profiles_from_config_are_built_and_recorded(tmp_path: Path) -> None
             "cameras": {},
         }
     )
-    settings = build_settings(cfg.models["dyn"])
+    ctx = ModelContext.from_config(cfg, "dyn")
+    settings = ctx.build_settings()
     api = import_trt("tensorrt_rtx")
     fp = probe_fingerprint(api)
     store = EngineStore(cfg.engine_dir)
@@ -64,8 +65,7 @@ def test_two_profiles_from_config_are_built_and_recorded(tmp_path: Path) -> None
     assert manifest["build"]["profiles"] == [{"images": small}, {"images": large}]
     assert check(store, "dyn", settings, fp).ok
     # Another profile set is another engine: the check says why.
-    changed = build_settings(
-        cfg.models["dyn"].model_copy(update={"profiles": cfg.models["dyn"].profiles[:1]})
-    )
+    one_profile = ctx.cfg.model_copy(update={"profiles": ctx.cfg.profiles[:1]})
+    changed = ModelContext("dyn", one_profile, ctx.engine_dir, ctx.score_threshold).build_settings()
     verdict = check(store, "dyn", changed, fp)
     assert verdict.status == "rebuild" and any("profile" in r for r in verdict.reasons), verdict.reasons

@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-import agent.precision_job as job
+import agent.lifecycle.job as job
 from agent.config import parse_config
+from agent.lifecycle.calibration import capture_calibration_set
+from agent.lifecycle.model import ModelContext
 from engines.runtimes.ort import OrtBackend
 from engines.store import EngineStore
 
@@ -68,15 +70,25 @@ def test_engine_gate_failure_falls_back_to_fp16(tmp_path: Path, monkeypatch: pyt
             "cameras": {"street": {"url": str(ASSETS / "bikes.mp4"), "model": "det"}},
         }
     )
+    capture_calibration_set(cfg, "det", progress=False)  # the parent's part (daemon or CLI)
     events: list[dict] = []
-    result = job.run_job(cfg, "det", None, False, events.append)
-    assert result["ok"], result
-    # INT8 passed the graph gate, was built, failed the engine gate; FP16 passed both.
+    request = job.JobRequest(ModelContext.from_config(cfg, "det"), "best")
+    result = job.run_job(request, events.append)
+    assert result.ok, result
+    # INT8 passed the graph gate, was built (folded), failed the engine gate; FP16 passed both.
     assert fake_engine_backend.built == ["int8", "fp16"]
-    assert result["precision"] == "fp16"
-    engine_int8 = [t for t in result["tried"] if t.get("runtime") == "tensorrt" and t["precision"] == "int8"]
+    assert result.precision == "fp16"
+    engine_int8 = [t for t in result.tried if t.get("runtime") == "tensorrt" and t["precision"] == "int8"]
     assert engine_int8 and engine_int8[0]["passed"] is False and "< min_agreement" in engine_int8[0]["reason"]
-    v = result["validation"]
+    # The plan, step by step: TensorRT-RTX cannot build the unfolded Q/DQ NanoDet, so the folded graph
+    # is gated and built next; its engine disagrees, FP16 follows.
+    assert [e["phase"] for e in events if e["phase"].startswith("accuracy gate")] == [
+        "accuracy gate int8",
+        "accuracy gate int8 (folded)",
+        "accuracy gate fp16",
+    ]
+    v = result.validation
     assert v["runtime"] == "tensorrt" and v["passed"] is True and v["precision"] == "fp16"
-    manifest = EngineStore(cfg.engine_dir).manifest("det", result["key"])
+    assert v["value"] == pytest.approx(1.0)
+    manifest = EngineStore(cfg.engine_dir).manifest("det", result.key)
     assert manifest is not None and manifest.validation["runtime"] == "tensorrt"

@@ -18,15 +18,16 @@ import onnx
 import pytest
 import yaml
 
-from agent.calibrate import (
+from agent.config import load_config
+from agent.lifecycle.calibration import (
     CalibrationError,
     calibration_batches,
     capture_calibration_set,
     load_calibration_set,
     model_adapter,
 )
-from agent.config import AgentConfig, load_config
-from agent.precision_gate import manifest_validation, run_gate, write_report
+from agent.lifecycle.gate import GateReport, run_gate, write_report
+from agent.lifecycle.model import ModelContext
 from engines.quantize import QuantizationError, make_qdq_onnx, resolve_exclusions, sensitive_nodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,15 +78,21 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = write_config(root / "config.yaml", root / "engines")
     cfg = load_config(config)
     cset = capture_calibration_set(cfg, "nanodet", samples=SAMPLES, held_out=HELD_OUT, progress=False)
-    return {"root": root, "config": config, "cfg": cfg, "cset": cset}
+    ctx = ModelContext.from_config(cfg, "nanodet")
+    return {"root": root, "config": config, "cfg": cfg, "ctx": ctx, "cset": cset}
+
+
+def gate(ctx: ModelContext, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """run_gate's report as a plain dict (entries too), as it is stored."""
+    return GateReport.to_json(run_gate(ctx, *args, **kwargs))
 
 
 @pytest.fixture(scope="session")
 def measured(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """One gate run per candidate, threshold 0 so every run reports its own agreement."""
-    cfg: AgentConfig = env["cfg"]
-    out = {m: run_gate(cfg, "nanodet", "int8", method=m, min_agreement=0.0) for m in METHODS}
-    out["fp16"] = run_gate(cfg, "nanodet", "fp16", min_agreement=0.0)
+    ctx: ModelContext = env["ctx"]
+    out = {m: gate(ctx, "int8", method=m, min_agreement=0.0) for m in METHODS}
+    out["fp16"] = gate(ctx, "fp16", min_agreement=0.0)
     return out
 
 
@@ -115,7 +122,7 @@ def test_calibration_set_layout(env: dict[str, Any]) -> None:
 
 
 def test_calibration_batches_skip_held_out(env: dict[str, Any]) -> None:
-    adapter = model_adapter(env["cfg"], "nanodet")
+    adapter = model_adapter(env["ctx"])
     batches = list(calibration_batches(env["cset"], adapter, batch_size=8))
     assert sum(b.shape[0] for b in batches) == SAMPLES
     assert batches[0].dtype == np.float32 and batches[0].shape[1:] == (3, 416, 416)
@@ -213,17 +220,19 @@ def test_int8_methods_measured_and_best_reaches_0_9(measured: dict[str, dict[str
 def test_gate_decision_follows_threshold(env: dict[str, Any], measured: dict[str, dict[str, Any]]) -> None:
     best = best_method(measured)
     value = measured[best]["value"]
-    ok = run_gate(env["cfg"], "nanodet", "int8", method=best, min_agreement=value)
+    ok = gate(env["ctx"], "int8", method=best, min_agreement=value)
     assert ok["passed"] and ok["precision"] == "int8" and ok["value"] == value
-    bad = run_gate(env["cfg"], "nanodet", "int8", method=best, min_agreement=min(1.0, value + 0.005))
+    bad = gate(env["ctx"], "int8", method=best, min_agreement=min(1.0, value + 0.005))
     if value < 1.0:
         assert not bad["passed"] and "< min_agreement" in bad["tried"][0]["reason"]
-    assert set(manifest_validation(ok)) == {"reference", "metric", "value", "threshold", "passed", "frames"}
+    validation = run_gate(env["ctx"], "int8", method=best, min_agreement=value).validation()
+    assert {"reference", "metric", "value", "threshold", "passed", "frames"} <= set(validation)
+    assert validation["passed"] is True and validation["runtime"] == "onnxruntime"
 
 
 def test_best_prefers_int8_when_it_passes(env: dict[str, Any], measured: dict[str, dict[str, Any]]) -> None:
     best = best_method(measured)
-    r = run_gate(env["cfg"], "nanodet", "best", method=best, min_agreement=measured[best]["value"] - 0.01)
+    r = gate(env["ctx"], "best", method=best, min_agreement=measured[best]["value"] - 0.01)
     assert r["precision"] == "int8" and r["passed"] and len(r["tried"]) == 1
 
 
@@ -231,12 +240,13 @@ def test_best_falls_back_to_fp16(env: dict[str, Any], measured: dict[str, dict[s
     best = best_method(measured)
     value = measured[best]["value"]
     threshold = value + (1.0 - value) / 2  # above INT8, below FP16's 1.0
-    r = run_gate(env["cfg"], "nanodet", "best", method=best, min_agreement=threshold)
+    report = run_gate(env["ctx"], "best", method=best, min_agreement=threshold)
+    r = report.to_json()
     assert r["precision"] == "fp16" and r["passed"] and r["requested"] == "best"
     assert [t["precision"] for t in r["tried"]] == ["int8", "fp16"]
     why = r["tried"][0]["reason"]
     assert f"map50 {value:.3f} < min_agreement" in why
-    path = write_report(env["cset"], r)
+    path = write_report(env["cset"], report)
     assert path == env["cset"].directory / "validation-best.json"
     assert json.loads(path.read_text())["precision"] == "fp16"
 
@@ -274,7 +284,7 @@ def test_validate_without_calibration_set(tmp_path: Path) -> None:
     assert p.returncode == 2
     assert "run edge-agent calibrate" in p.stderr and str(tmp_path / "engines") in p.stderr
     with pytest.raises(CalibrationError, match="calibrate"):
-        load_calibration_set(load_config(config), "nanodet")
+        load_calibration_set(ModelContext.from_config(load_config(config), "nanodet"))
 
 
 def test_calibrate_cli_from_folder(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.calibrate import capture_calibration_set  # noqa: E402
 from agent.config import parse_config  # noqa: E402
-from agent.precision_gate import CANDIDATE_SLACK, run_gate  # noqa: E402
+from agent.lifecycle.calibration import capture_calibration_set  # noqa: E402
+from agent.lifecycle.gate import CANDIDATE_SLACK, run_gate  # noqa: E402
+from agent.lifecycle.model import ModelContext  # noqa: E402
 
 ASSETS = REPO / "agent" / "assets"
 ROWS = (("fp32", None), ("fp16", None), ("int8", "entropy"), ("int8", "minmax"), ("int8", "percentile"))
@@ -61,22 +62,20 @@ def main() -> int:
         cset = capture_calibration_set(
             cfg, "nanodet", samples=args.samples, held_out=args.held_out, progress=False
         )
+        ctx = ModelContext.from_config(cfg, "nanodet")
         rows = []
         for precision, method in ROWS:
             t0 = time.monotonic()
-            r = run_gate(cfg, "nanodet", precision, method=method, min_agreement=0.0)
-            strict = run_gate(
-                cfg, "nanodet", precision, method=method, min_agreement=0.0, candidate_slack=1.0
-            )
-            tried = r["tried"][0]
+            r = run_gate(ctx, precision, method=method, min_agreement=0.0)
+            strict = run_gate(ctx, precision, method=method, min_agreement=0.0, candidate_slack=1.0)
             rows.append(
                 {
                     "precision": precision,
                     "method": method,
-                    "map50": r["value"],
-                    "mean_iou": r["mean_iou"],
-                    "map50_strict": strict["value"],
-                    "infer_ms": tried.get("infer_ms", r["reference_infer_ms"]),
+                    "map50": r.value,
+                    "mean_iou": r.mean_iou,
+                    "map50_strict": strict.value,
+                    "infer_ms": r.tried[0].infer_ms,
                     "seconds": round(time.monotonic() - t0, 1),
                 }
             )

@@ -1,28 +1,36 @@
 """Calibration sets: frames for INT8 calibration plus a held-out split for the accuracy gate.
 
-    cset = capture_calibration_set(cfg, "detector", folder=None)   # from the model's cameras
+    cset = capture_calibration_set(cfg, "detector")                  # CLI: from the model's cameras
     cset = capture_calibration_set(cfg, "detector", folder=Path("frames/"))
-    cset = load_calibration_set(cfg, "detector")
-    for batch in calibration_batches(cset, model_adapter(cfg, "detector")): ...   # float32 NCHW
+    cset = capture_from_frames(ctx, tap.frames(...), samples=0, held_out=40)   # daemon: its own pipeline
+    cset = load_calibration_set(ctx)
+    for batch in calibration_batches(cset, model_adapter(ctx)): ...  # float32 NCHW
 
 Layout: `{engine_dir}/{model}/calibration/` holds `000000.jpg ...` (JPEG quality 95) and
 `calibration.json` (schema edge-agent/calibration-set/1: source, cameras, samples, created_at, frames,
 held_out). The held-out frames are spread evenly over the capture and are never fed to calibration:
-the accuracy gate measures on them. A new capture replaces the whole directory (built in a temp dir
-and renamed), so old frames never mix with new ones and derived INT8 models stored inside go with it.
+the accuracy gate measures on them. A set may hold held-out frames only (samples 0): FP16 needs nothing
+else. A new capture replaces the whole directory (built in a temp dir and renamed), so old frames never
+mix with new ones and derived INT8 models stored inside go with it.
+
+The daemon never opens its cameras a second time: a FrameTap on the model's results samples the frames
+its pipeline already decodes. Only the CLI (no pipeline running) reads the cameras itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
 import math
+import queue
 import secrets
 import shutil
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,11 +40,13 @@ import cv2
 import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError
+from agent.lifecycle.model import ModelContext
 from engines.fsutil import atomic_write_bytes, fsync_dir
 from engines.runtimes.base import TensorSpec
 from engines.settings import onnx_input_shapes
 from pipelines.models import ModelAdapter, make_adapter
 from pipelines.postprocess import load_labels
+from pipelines.scheduler import Result
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec
 
 log = logging.getLogger(__name__)
@@ -47,16 +57,10 @@ JPEG_QUALITY = 95
 MIN_HELD_OUT = 20
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 VIDEO_EXTS = frozenset({".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm", ".ts", ".mpg", ".mpeg"})
-# Live cameras: at most one frame per camera per interval, so 500 samples span minutes of scene change.
-DEFAULT_INTERVAL_S = 1.0
 
 
 class CalibrationError(RuntimeError):
     """Capturing or reading a calibration set failed; the message names the folder, file or camera."""
-
-
-def calibration_dir(cfg: AgentConfig, model: str) -> Path:
-    return cfg.engine_dir / model / "calibration"
 
 
 def default_held_out(samples: int) -> int:
@@ -87,9 +91,9 @@ class CalibrationSet:
 # ---- the model side: adapter and batches ---------------------------------------------------------
 
 
-def model_adapter(cfg: AgentConfig, model: str) -> ModelAdapter:
-    """The adapter inference uses for `model`, sized from its ONNX input (no runtime session needed)."""
-    mcfg = cfg.models[model]
+def model_adapter(ctx: ModelContext) -> ModelAdapter:
+    """The adapter inference uses for the model, sized from its ONNX input (no runtime session needed)."""
+    mcfg, model = ctx.cfg, ctx.name
     if mcfg.labels is None:
         raise ConfigError(f"models.{model}.labels: required to know the class count of {mcfg.onnx}")
     try:
@@ -123,10 +127,8 @@ def calibration_batches(
         yield adapter.preprocess(chunk)[0]
 
 
-def load_calibration_set(cfg: AgentConfig, model: str) -> CalibrationSet:
-    if model not in cfg.models:
-        raise ConfigError(f"models.{model}: unknown model (known: {', '.join(sorted(cfg.models))})")
-    d = calibration_dir(cfg, model)
+def load_calibration_set(ctx: ModelContext) -> CalibrationSet:
+    model, d = ctx.name, ctx.calibration_dir
     path = d / MANIFEST
     if not path.is_file():
         raise CalibrationError(
@@ -347,30 +349,34 @@ def _capture_live(
     return [n for n, c in counts.items() if c]
 
 
+def _check_counts(model: str, samples: int, held_out: int) -> None:
+    if samples < 0:
+        raise CalibrationError(f"model {model}: samples must be >= 0, got {samples}")
+    if held_out < 1:
+        raise CalibrationError(f"model {model}: held_out must be >= 1, got {held_out}")
+
+
 def capture_calibration_set(
     cfg: AgentConfig,
     model: str,
     folder: Path | None = None,
     samples: int | None = None,
     held_out: int | None = None,
-    interval_s: float = DEFAULT_INTERVAL_S,
+    interval_s: float | None = None,
     timeout_s: float | None = None,
     progress: bool = True,
 ) -> CalibrationSet:
     """Capture `samples` calibration frames plus `held_out` gate frames for `model` and store them.
 
     Source: `folder` (or `models.M.calibration.folder` when its source is `folder`), else the enabled
-    cameras whose `model` is `model`.
+    cameras whose `model` is `model`, opened here (the CLI; the daemon uses capture_from_frames).
     """
-    if model not in cfg.models:
-        raise ConfigError(f"models.{model}: unknown model (known: {', '.join(sorted(cfg.models))})")
-    mcfg = cfg.models[model]
+    ctx = ModelContext.from_config(cfg, model)
+    mcfg = ctx.cfg
     samples = samples if samples is not None else mcfg.calibration.samples
-    if samples < 1:
-        raise CalibrationError(f"model {model}: samples must be >= 1, got {samples}")
     held_out = held_out if held_out is not None else default_held_out(samples)
-    if held_out < 1:
-        raise CalibrationError(f"model {model}: held_out must be >= 1, got {held_out}")
+    _check_counts(model, samples, held_out)
+    interval_s = interval_s if interval_s is not None else mcfg.calibration.interval_s
     if folder is None and mcfg.calibration.source == "folder":
         if mcfg.calibration.folder is None:
             raise ConfigError(f"models.{model}.calibration.folder: required when source is 'folder'")
@@ -381,25 +387,62 @@ def capture_calibration_set(
             f"model {model}: no enabled camera uses it; give a folder (edge-agent calibrate --from DIR)"
         )
 
-    final = calibration_dir(cfg, model)
+    def fill(writer: _Writer) -> dict[str, Any]:
+        if folder is not None:
+            used = _capture_folder(Path(folder), writer)
+            return {"source": "folder", "folder": str(folder), "files": used, "cameras": []}
+        used = _capture_cameras(cameras, writer, interval_s, timeout_s)
+        return {"source": "cameras", "folder": None, "cameras": used}
+
+    return _store_set(ctx, samples, held_out, fill, progress, folder or sorted(cameras))
+
+
+def capture_from_frames(
+    ctx: ModelContext, frames: Iterable[tuple[np.ndarray, str]], samples: int, held_out: int
+) -> CalibrationSet:
+    """Store a set from (image, origin) pairs, e.g. FrameTap.frames() of the running pipeline."""
+    _check_counts(ctx.name, samples, held_out)
+    cameras: set[str] = set()
+
+    def fill(writer: _Writer) -> dict[str, Any]:
+        for image, origin in frames:
+            writer.add(image, origin)
+            cameras.add(origin.split("#", 1)[0].removeprefix("camera:"))
+            if writer.full:
+                break
+        if not writer.items:
+            raise CalibrationError(f"model {ctx.name}: no frame arrived from its cameras")
+        return {"source": "pipeline", "folder": None, "cameras": sorted(cameras)}
+
+    return _store_set(ctx, samples, held_out, fill, False, "its cameras")
+
+
+def _store_set(
+    ctx: ModelContext,
+    samples: int,
+    held_out: int,
+    fill: Callable[[_Writer], dict[str, Any]],
+    progress: bool,
+    what: object,
+) -> CalibrationSet:
+    """Fill a temp dir, split calibration / held-out, write the manifest, swap it in (atomic rename)."""
+    model = ctx.name
+    final = ctx.calibration_dir
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".calibration.tmp-{secrets.token_hex(4)}")
     tmp.mkdir()
     total = samples + held_out
     writer = _Writer(tmp, total, f"calibrate {model}", progress)
     try:
-        if folder is not None:
-            used = _capture_folder(Path(folder), writer)
-            source, sources = "folder", {"folder": str(folder), "files": used, "cameras": []}
-        else:
-            used = _capture_cameras(cameras, writer, interval_s, timeout_s)
-            source, sources = "cameras", {"folder": None, "cameras": used}
+        sources = fill(writer)
         writer.close()
         n = len(writer.items)
-        n_held = min(round(held_out * n / total), n - 1) if n < total else held_out
+        n_held = held_out if n >= total else min(round(held_out * n / total), n - 1)
+        if samples == 0:
+            n_held = n  # a held-out-only set (FP16 gate)
         if n_held < 1:
             raise CalibrationError(
-                f"model {model}: only {n} frame(s) from {folder or sorted(cameras)}: "
+                f"model {model}: only {n} frame(s) from {what}: "
                 "need at least 2 (one calibration, one held-out)"
             )
         if n < total:
@@ -409,7 +452,6 @@ def capture_calibration_set(
         manifest = {
             "schema": SCHEMA,
             "model": model,
-            "source": source,
             **sources,
             "samples": n - len(held_idx),
             "held_out_count": len(held_idx),
@@ -442,30 +484,60 @@ def capture_calibration_set(
     return CalibrationSet(final, manifest)
 
 
-def run_calibrate(
-    cfg: AgentConfig,
-    model: str | None,
-    folder: Path | None,
-    samples: int | None,
-    held_out: int | None,
-    interval_s: float = DEFAULT_INTERVAL_S,
-) -> int:
-    """`edge-agent calibrate`: 0 when every set was stored, 2 on an error (printed, naming the source)."""
-    import sys
+# ---- the daemon side: frames of the running pipeline ----------------------------------------------
 
-    names = [model] if model else sorted(cfg.models)
-    for name in names:
+
+class FrameTap:
+    """A result sink that hands frames of a model's pipeline to a calibration capture.
+
+    Idle (one attribute read per result) until `frames()` runs; then it keeps at most one frame per
+    camera per `interval_s` and copies only the frames it keeps.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[np.ndarray, str]] | None = None
+        self._interval_s = 1.0
+        self._next: dict[str, float] = {}
+
+    def __call__(self, result: Result) -> None:
+        q = self._queue
+        if q is None:
+            return
+        frame = result.frame
+        with self._lock:
+            if frame.ts_capture < self._next.get(frame.camera, 0.0) or q.full():
+                return
+            self._next[frame.camera] = frame.ts_capture + 0.9 * self._interval_s
+        # Never block the model's worker: a full queue (the capture stopped reading) drops the frame.
+        with contextlib.suppress(queue.Full):
+            q.put_nowait((frame.image.copy(), f"camera:{frame.camera}#{frame.frame_id}"))
+
+    def frames(
+        self, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
+    ) -> Iterator[tuple[np.ndarray, str]]:
+        """Up to `total` (image, origin) pairs as the pipeline delivers them; fewer on timeout or stop."""
+        with self._lock:
+            if self._queue is not None:
+                raise CalibrationError("a calibration capture is already running for this model")
+            self._interval_s, self._next = interval_s, {}
+            self._queue = q = queue.Queue(maxsize=8)
+        deadline = time.monotonic() + timeout_s
         try:
-            cset = capture_calibration_set(
-                cfg, name, folder, samples, held_out, interval_s, progress=sys.stderr.isatty()
-            )
-        except (CalibrationError, ConfigError, OSError) as e:
-            print(f"edge-agent calibrate: {e}", file=sys.stderr)
-            return 2
-        m = cset.manifest
-        where = m["folder"] if m["source"] == "folder" else "cameras " + ", ".join(m["cameras"])
-        print(
-            f"{name}: {m['samples']} calibration + {m['held_out_count']} held-out frames "
-            f"from {where} -> {cset.directory}"
-        )
-    return 0
+            for _ in range(total):
+                while True:
+                    if stop is not None and stop.is_set():
+                        return
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.warning("calibration capture: timed out after %.0f s", timeout_s)
+                        return
+                    try:
+                        item = q.get(timeout=min(0.5, left))
+                        break
+                    except queue.Empty:
+                        continue
+                yield item
+        finally:
+            with self._lock:
+                self._queue = None

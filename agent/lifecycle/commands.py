@@ -1,81 +1,69 @@
-"""`edge-agent check` and `edge-agent rebuild`: the on-device engine commands.
+"""The on-device engine commands: `edge-agent check`, `rebuild`, `calibrate`, `validate`.
 
 check: exit 0 when every TensorRT model has a fitting engine, 1 when one needs a rebuild (or is missing),
-2 on errors (no TensorRT, unreadable ONNX, unusable engine_dir).
-rebuild: builds under the per-model lock (a running daemon picks the new engine up by itself).
+2 on errors (no TensorRT, unreadable ONNX, unusable engine_dir). Read-only: never quantises or converts.
+rebuild: captures the frames the gate needs when there are none (from the cameras: no daemon pipeline
+here), then runs the same child job as the daemon, under the model's build lock (`--wait` seconds for
+it); a running daemon picks the new engine up by itself.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.config import AgentConfig, ModelConfig
-from agent.engine_settings import build_settings, trt_flavor
-from agent.precision_job import resolved_settings
-from engines.builder import build
+from agent.config import AgentConfig, ConfigError
+from agent.lifecycle.calibration import (
+    CalibrationError,
+    capture_calibration_set,
+    default_held_out,
+    load_calibration_set,
+)
+from agent.lifecycle.gate import format_report, run_gate, write_report
+from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_job
+from agent.lifecycle.model import ModelContext
+from agent.lifecycle.serving import EngineTarget, engine_target
 from engines.compat import check
-from engines.errors import BuildLockedError, EngineError
-from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.errors import EngineError
+from engines.plan import needs_calibration_frames, needs_gate, plan_steps
+from engines.runtimes.base import BackendError
 from engines.store import EngineStore
-from engines.trt_api import TrtApi, import_trt
 
 
-class _Skip(Exception):
-    """This model does not use a TensorRT engine here (the reason is the message)."""
-
-
-def _engine_target(name: str, cfg: ModelConfig) -> tuple[TrtApi, Fingerprint]:
-    if cfg.backend == "onnxruntime":
-        raise _Skip("backend onnxruntime: no engine")
-    try:
-        api = import_trt(trt_flavor(cfg))
-    except EngineError as exc:
-        if cfg.backend == "auto":
-            raise _Skip(f"no TensorRT here ({exc}): ONNX Runtime serves") from None
-        raise
-    fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
-    if cfg.backend == "auto" and not fp.has_gpu:
-        raise _Skip("backend auto and no CUDA GPU visible: ONNX Runtime serves")
-    return api, fp
-
-
-def _selected(cfg: AgentConfig, model: str | None) -> dict[str, ModelConfig]:
-    if model is None:
-        return dict(cfg.models)
-    if model not in cfg.models:
+def _selected(cfg: AgentConfig, model: str | None) -> list[ModelContext]:
+    if model is not None and model not in cfg.models:
         raise EngineError(f"--model {model!r}: not in the config (known: {', '.join(sorted(cfg.models))})")
-    return {model: cfg.models[model]}
+    return [ModelContext.from_config(cfg, n) for n in ([model] if model else list(cfg.models))]
 
 
 def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     report: dict[str, Any] = {}
     worst = 0
-    for name, mcfg in _selected(cfg, model).items():
+    for ctx in _selected(cfg, model):
         try:
-            api, fp = _engine_target(name, mcfg)
-            settings, gate, why = resolved_settings(cfg, name, None, api.weakly_typed)
-            entry = {"device": fp.describe(), "fingerprint": fp.manifest_dict()}
+            target = engine_target(ctx)
+            if not isinstance(target, EngineTarget):
+                report[ctx.name] = {"status": "ok", "reasons": [], "key": None, "note": target.note}
+                continue
+            fp = target.fingerprint
+            settings, gate, why = resolved_settings(ctx, target.api)
+            entry: dict[str, Any] = {"device": fp.describe(), "fingerprint": fp.manifest_dict()}
             if settings is None:
                 entry.update(status="rebuild", reasons=[why], key=None)
             else:
-                result = check(EngineStore(cfg.engine_dir), name, settings, fp)
+                result = check(EngineStore(cfg.engine_dir), ctx.name, settings, fp)
                 entry.update(status=result.status, reasons=result.reasons, key=result.key)
                 if gate is not None:
-                    entry["validation"] = {
-                        k: gate.get(k) for k in ("precision", "value", "threshold", "passed")
-                    }
+                    entry["validation"] = gate.state()
             worst = max(worst, 0 if entry["status"] == "ok" else 1)
-        except _Skip as why:
-            entry = {"status": "ok", "reasons": [], "key": None, "note": str(why)}
-        except EngineError as exc:
+        except (EngineError, ConfigError) as exc:
             entry = {"status": "error", "reasons": [str(exc)], "key": None}
             worst = 2
-        report[name] = entry
+        report[ctx.name] = entry
     if as_json:
         print(json.dumps({"status": ("ok", "rebuild", "error")[worst], "models": report}, indent=2))
     else:
@@ -88,7 +76,7 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
 
 
 class _Progress:
-    """A tqdm bar on stderr that follows the builder's phases (parse, TensorRT's own, serialize, save)."""
+    """A tqdm bar on stderr that follows the job's phases (capture, gate, parse, TensorRT's own, save)."""
 
     def __init__(self, name: str) -> None:
         from tqdm import tqdm
@@ -98,13 +86,17 @@ class _Progress:
             desc=f"{name}: start",
             file=sys.stderr,
             leave=False,
+            disable=not sys.stderr.isatty(),
             bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]",
         )
         self._name = name
         self._phase = ""
         self._shown = 0.0
 
-    def __call__(self, phase: str, step: int, total: int) -> None:
+    def __call__(self, ev: dict[str, Any]) -> None:
+        if ev.get("event") != "progress":
+            return
+        phase, step, total = str(ev.get("phase")), int(ev.get("step") or 0), int(ev.get("total") or 1)
         new_phase = phase != self._phase
         self._phase = phase
         self._bar.set_description_str(f"{self._name}: {phase}", refresh=False)
@@ -119,79 +111,133 @@ class _Progress:
         self._bar.close()
 
 
+def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> None:
+    """The frames the gate (and INT8) need: captured from the cameras or folder when missing."""
+    try:
+        cset = load_calibration_set(ctx)
+        if not calibration or cset.calibration_paths:
+            return
+    except CalibrationError:
+        pass
+    samples = ctx.cfg.calibration.samples if calibration else 0
+    what = "calibration + held-out" if calibration else "held-out (gate)"
+    print(f"{ctx.name}: capturing {what} frames", file=sys.stderr)
+    capture_calibration_set(
+        cfg,
+        ctx.name,
+        samples=samples,
+        held_out=default_held_out(ctx.cfg.calibration.samples),
+        progress=sys.stderr.isatty(),
+    )
+
+
 def run_rebuild(
     cfg: AgentConfig, model: str | None, force: bool, precision: str | None, wait_s: float
 ) -> int:
     rc = 0
-    for name, mcfg in _selected(cfg, model).items():
+    for ctx in _selected(cfg, model):
         try:
-            api, fp = _engine_target(name, mcfg)
-        except _Skip as why:
-            print(f"{name}: skipped ({why})")
-            continue
-        except EngineError as exc:
-            print(f"{name}: error: {exc}", file=sys.stderr)
+            target = engine_target(ctx)
+        except ConfigError as exc:
+            print(f"{ctx.name}: error: {exc}", file=sys.stderr)
             rc = 2
             continue
-        if not fp.has_gpu and not logging.getLogger().isEnabledFor(logging.INFO):
-            # An ahead-of-time build without a GPU logs CUDA "driver insufficient" errors that do not
-            # affect the plan; real build failures still arrive as BuildError with TensorRT's messages.
-            logging.getLogger("engines.trt").setLevel(logging.CRITICAL)
-        progress = _Progress(name)
-        requested = precision or mcfg.precision
-        if requested != "fp32":
-            rc = max(rc, _rebuild_gated(cfg, name, requested, force, progress))
+        if not isinstance(target, EngineTarget):
+            print(f"{ctx.name}: skipped ({target.note})")
             continue
+        requested = precision or ctx.cfg.precision
+        steps = plan_steps(requested, target.api)
         try:
-            result = build(
-                EngineStore(cfg.engine_dir),
-                name,
-                build_settings(mcfg, precision),
-                fingerprint=fp,
-                api=api,
-                force=force,
-                on_progress=progress,
-                agent_version=__version__,
-                lock_wait_s=wait_s,
-            )
-        except BuildLockedError as exc:
-            progress.close()
-            print(f"{name}: {exc}", file=sys.stderr)
+            if needs_gate(steps):
+                _ensure_frames(cfg, ctx, needs_calibration_frames(steps))
+        except (CalibrationError, ConfigError, OSError) as exc:
+            print(f"{ctx.name}: {exc}", file=sys.stderr)
             rc = 2
             continue
-        except EngineError as exc:
+        progress = _Progress(ctx.name)
+        try:
+            handle = start_job(JobRequest(ctx, requested, force, wait_s, __version__), progress)
+            result = JobResult.from_event(handle.wait())
+        finally:
             progress.close()
-            print(f"{name}: build failed: {exc}", file=sys.stderr)
-            rc = 2
-            continue
-        progress.close()
-        if result.built:
-            why = f" ({'; '.join(result.reasons)})" if result.reasons else ""
-            print(f"{name}: built engine {result.key} in {result.build_s:.1f} s -> {result.plan_path}{why}")
-        else:
-            print(f"{name}: {result.message}")
+        rc = max(rc, _print_result(ctx.name, requested, result))
     return rc
 
 
-def _rebuild_gated(cfg: AgentConfig, name: str, requested: str, force: bool, progress: _Progress) -> int:
-    """fp16 / int8 / best: accuracy gate first, then the build of what passed (agent/precision_job.py)."""
-    from agent.precision_job import run_job
-
-    result = run_job(cfg, name, requested, force, lambda ev: progress(ev["phase"], ev["step"], ev["total"]))
-    progress.close()
-    if not result["ok"]:
-        print(f"{name}: {result['error']}", file=sys.stderr)
+def _print_result(name: str, requested: str, result: JobResult) -> int:
+    if not result.ok:
+        print(f"{name}: {result.error}", file=sys.stderr)
         return 2
-    for t in result["tried"]:
-        verdict = "passed" if t.get("passed") else f"failed: {t.get('reason')}"
+    for t in result.tried:
         what = t["precision"] + (f"/{t['method']}" if t.get("method") else "")
         what += " (folded graph)" if t.get("folded") else ""
         what += " [engine]" if t.get("runtime") == "tensorrt" else ""
+        verdict = "passed" if t.get("passed") else f"failed: {t.get('reason')}"
         print(f"{name}: gate {what} {verdict}")
-    v = result["validation"] or {}
     what = (
-        f"built engine {result['key']} in {result['build_s']:.1f} s" if result["built"] else result["message"]
+        f"built engine {result.key} in {result.build_s:.1f} s -> {result.plan}"
+        if result.built
+        else result.message
     )
-    gate = f"map50 {v.get('value')}, threshold {v.get('threshold')}"
-    print(f"{name}: {requested} -> {result['precision']} ({gate}): {what}")
+    why = f" ({'; '.join(result.reasons)})" if result.built and result.reasons else ""
+    v = result.validation
+    gate = f" (map50 {v.get('value')}, threshold {v.get('threshold')})" if v else ""
+    print(f"{name}: {requested} -> {result.precision}{gate}: {what}{why}")
     return 0
+
+
+def run_calibrate(
+    cfg: AgentConfig,
+    model: str | None,
+    folder: Path | None,
+    samples: int | None,
+    held_out: int | None,
+    interval_s: float | None = None,
+) -> int:
+    """`edge-agent calibrate`: 0 when every set was stored, 2 on an error (printed, naming the source)."""
+    names = [model] if model else sorted(cfg.models)
+    for name in names:
+        try:
+            cset = capture_calibration_set(
+                cfg, name, folder, samples, held_out, interval_s, progress=sys.stderr.isatty()
+            )
+        except (CalibrationError, ConfigError, OSError) as e:
+            print(f"edge-agent calibrate: {e}", file=sys.stderr)
+            return 2
+        m = cset.manifest
+        where = m["folder"] if m["source"] == "folder" else "cameras " + ", ".join(m["cameras"])
+        print(
+            f"{name}: {m['samples']} calibration + {m['held_out_count']} held-out frames "
+            f"from {where} -> {cset.directory}"
+        )
+    return 0
+
+
+def run_validate(
+    cfg: AgentConfig, model: str | None, precision: str | None, method: str | None, as_json: bool
+) -> int:
+    """`edge-agent validate`: exit 0 when every gate passed, 1 when one failed, 2 on an error."""
+    outputs: list[dict[str, Any]] = []
+    failed = False
+    try:
+        contexts = _selected(cfg, model)
+    except EngineError as e:
+        print(f"edge-agent validate: {e}", file=sys.stderr)
+        return 2
+    for ctx in contexts:
+        try:
+            report = run_gate(ctx, precision, method=method)
+            path = write_report(load_calibration_set(ctx), report)
+        except (CalibrationError, ConfigError, EngineError, BackendError, OSError) as e:
+            print(f"edge-agent validate: {e}", file=sys.stderr)
+            return 2
+        failed |= not report.passed
+        obj = {**report.validation(), "model": ctx.name, "method": report.method}
+        obj["tried"] = [vars(t) for t in report.tried]
+        outputs.append(obj)
+        if not as_json:
+            print(format_report(ctx.name, report))
+            print(f"  report: {path}")
+    if as_json:
+        print(json.dumps(outputs[0] if len(outputs) == 1 else outputs, indent=2))
+    return 1 if failed else 0

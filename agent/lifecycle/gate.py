@@ -1,8 +1,9 @@
 """The accuracy gate: does a lower precision still detect what FP32 detects, on held-out frames?
 
-    result = run_gate(cfg, "detector", "best")     # int8 -> fp16 -> fp32, first that passes
-    write_report(cset, result)                     # {engine_dir}/{model}/calibration/validation-best.json
-    manifest_validation(result)                    # the engine manifest's `validation` object
+    report = run_gate(ctx, "best")          # int8 -> fp16 -> fp32, first that passes: a GateReport
+    write_report(cset, report)              # {engine_dir}/{model}/calibration/validation-best.json
+    report.validation()                     # the engine manifest's `validation` object
+    gate = Gate(ctx, cset); gate.evaluate(Step("fp16"))   # one candidate (the precision job's way)
 
 The reference is the source ONNX in FP32 on ONNX Runtime. The candidate is the graph the engine is
 built from (FP16 ONNX, or the INT8 Q/DQ ONNX calibrated on the calibration split), run wherever it can
@@ -17,22 +18,24 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agent.calibrate import (
+from agent.config import ConfigError
+from agent.lifecycle.calibration import (
     CalibrationSet,
     calibration_batches,
     load_calibration_set,
     model_adapter,
     read_frames,
 )
-from agent.config import AgentConfig, ConfigError
+from agent.lifecycle.model import ModelContext
 from engines.errors import EngineError
 from engines.fsutil import atomic_write_bytes
+from engines.plan import Step, candidates
 from engines.precision import convert_fp16
 from engines.quantize import RECIPE, make_qdq_onnx, sha256_of
 from engines.runtimes.base import Backend, BackendError
@@ -45,8 +48,6 @@ log = logging.getLogger(__name__)
 
 # (candidate ONNX path, precision) -> an unloaded Backend that runs it.
 BackendFactory = Callable[[Path, str], Backend]
-ORDER_BEST = ("int8", "fp16", "fp32")
-DEFAULT_SCORE_THRESHOLD = 0.4  # the camera default min_score
 INFER_BATCH = 8
 # The candidate is decoded down to this fraction of the reference's score threshold. mAP ranks the
 # candidate's detections; cutting them at exactly the deployment threshold turns tiny score jitter of
@@ -90,9 +91,47 @@ def _cached(meta_path: Path, want: dict[str, Any], onnx_path: Path) -> dict[str,
     return meta["info"]
 
 
+def _int8_inputs(
+    ctx: ModelContext,
+    cset: CalibrationSet,
+    method: str,
+    exclude_nodes: list[str] | None,
+    percentile: float,
+    fold: bool,
+) -> dict[str, Any]:
+    return {
+        "source_sha256": sha256_of(ctx.cfg.onnx),
+        "calibration_id": cset.id,
+        "method": method,
+        "exclude_nodes": exclude_nodes,
+        "percentile": percentile,
+        "recipe": RECIPE,
+        "fold": fold,
+    }
+
+
+def _int8_path(cset: CalibrationSet, method: str, fold: bool) -> Path:
+    return cset.directory / "models" / f"int8-{method}{'-folded' if fold else ''}.onnx"
+
+
+def cached_candidate(
+    ctx: ModelContext, step: Step, cset: CalibrationSet, method: str | None = None
+) -> Path | None:
+    """The graph a step's engine is built from when it already exists intact (never makes one)."""
+    if step.precision == "fp32":
+        return ctx.cfg.onnx
+    if step.precision == "fp16":
+        path = cset.directory / "models" / "fp16.onnx"
+        want: dict[str, Any] = {"source_sha256": sha256_of(ctx.cfg.onnx)}
+    else:
+        method = method or ctx.cfg.calibration.method
+        path = _int8_path(cset, method, step.folded)
+        want = _int8_inputs(ctx, cset, method, None, 99.99, step.folded)
+    return path if _cached(path.with_suffix(".json"), want, path) is not None else None
+
+
 def candidate_model(
-    cfg: AgentConfig,
-    model: str,
+    ctx: ModelContext,
     precision: str,
     cset: CalibrationSet,
     method: str | None = None,
@@ -106,7 +145,7 @@ def candidate_model(
     fp32: the configured ONNX. fp16: engines.precision.convert_fp16. int8: engines.quantize Q/DQ,
     calibrated on the calibration split only.
     """
-    mcfg = cfg.models[model]
+    mcfg, model = ctx.cfg, ctx.name
     if precision == "fp32":
         return Candidate("fp32", None, mcfg.onnx, {})
     src_sha = sha256_of(mcfg.onnx)
@@ -124,19 +163,11 @@ def candidate_model(
     if precision != "int8":
         raise ConfigError(f"models.{model}.precision: {precision!r} is not fp32, fp16 or int8")
     method = method or mcfg.calibration.method
-    path = out_dir / f"int8-{method}{'-folded' if fold else ''}.onnx"
-    want = {
-        "source_sha256": src_sha,
-        "calibration_id": cset.id,
-        "method": method,
-        "exclude_nodes": exclude_nodes,
-        "percentile": percentile,
-        "recipe": RECIPE,
-        "fold": fold,
-    }
+    path = _int8_path(cset, method, fold)
+    want = _int8_inputs(ctx, cset, method, exclude_nodes, percentile, fold)
     info = _cached(path.with_suffix(".json"), want, path)
     if info is None:
-        adapter = adapter or model_adapter(cfg, model)
+        adapter = adapter or model_adapter(ctx)
         t0 = time.monotonic()
         info = make_qdq_onnx(
             mcfg.onnx,
@@ -179,14 +210,7 @@ def detect(
     return out, 1000.0 * infer_s / max(1, len(images))
 
 
-def score_threshold_of(cfg: AgentConfig, model: str) -> float:
-    """The lowest min_score of the model's cameras: what any of them could publish."""
-    scores = [c.min_score for c in cfg.cameras.values() if c.model == model and c.enabled]
-    return min(scores) if scores else DEFAULT_SCORE_THRESHOLD
-
-
-def _run(factory: BackendFactory, path: Path, precision: str, *args: Any) -> tuple[list[Detections], float]:
-    backend = factory(path, precision)
+def _run(backend: Backend, *args: Any) -> tuple[list[Detections], float]:
     backend.load()
     try:
         return detect(backend, *args)
@@ -194,169 +218,265 @@ def _run(factory: BackendFactory, path: Path, precision: str, *args: Any) -> tup
         backend.close()
 
 
+@dataclass
+class GateEntry:
+    """One step measured (or refused): the graph gate on ONNX Runtime, a build, or the engine itself."""
+
+    precision: str
+    passed: bool
+    reason: str | None = None
+    method: str | None = None
+    folded: bool = False
+    runtime: str = "onnxruntime"  # where it was measured; "tensorrt" for the built engine
+    value: float | None = None
+    mean_iou: float | None = None
+    infer_ms: float | None = None
+    onnx: str | None = None
+    sha256: str | None = None
+
+    @property
+    def label(self) -> str:
+        what = self.precision + (f"/{self.method}" if self.method else "")
+        what += " (folded graph)" if self.folded else ""
+        return what + (" [engine]" if self.runtime == "tensorrt" else "")
+
+
+@dataclass
+class GateReport:
+    """The gate's verdict for a requested precision: what was kept, measured how, and what was tried."""
+
+    requested: str
+    precision: str  # the precision kept (the last one tried when none passed)
+    passed: bool
+    value: float
+    mean_iou: float
+    threshold: float
+    frames: int
+    method: str | None
+    score_threshold: float
+    candidate_score_threshold: float
+    reference_infer_ms: float
+    calibration_id: str
+    tried: list[GateEntry] = field(default_factory=list)
+    folded: bool = False
+    runtime: str = "onnxruntime"
+    reference: str = "fp32"
+    metric: str = "map50"
+
+    @classmethod
+    def decide(
+        cls, gate: Gate, requested: str, tried: list[GateEntry], final: GateEntry | None = None
+    ) -> GateReport:
+        """The report of `final` (default: the first entry that passed, else the last one tried)."""
+        final = final or next((t for t in tried if t.passed), tried[-1])
+        return cls(
+            requested=requested,
+            precision=final.precision,
+            passed=final.passed,
+            value=final.value or 0.0,
+            mean_iou=final.mean_iou or 0.0,
+            threshold=gate.threshold,
+            frames=len(gate.images),
+            method=final.method,
+            score_threshold=gate.score_threshold,
+            candidate_score_threshold=round(gate.score_threshold * gate.slack, 4),
+            reference_infer_ms=round(gate.reference()[1], 2),
+            calibration_id=gate.cset.id,
+            tried=list(tried),
+            folded=final.folded,
+            runtime=final.runtime,
+        )
+
+    def validation(self) -> dict[str, Any]:
+        """The engine manifest's `validation` object (DESIGN.md), plus what it was measured with."""
+        return {
+            "reference": self.reference,
+            "metric": self.metric,
+            "value": self.value,
+            "threshold": self.threshold,
+            "passed": self.passed,
+            "frames": self.frames,
+            "mean_iou": self.mean_iou,
+            "precision": self.precision,
+            "requested": self.requested,
+            "runtime": self.runtime,
+        }
+
+    def state(self) -> dict[str, Any]:
+        """The MQTT engine state's `validation` (DESIGN.md: metric, value, threshold, passed)."""
+        v = self.validation()
+        return {k: v[k] for k in ("metric", "value", "threshold", "passed", "precision", "requested")}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": REPORT_SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GateReport:
+        """Raises ValueError on a report of another schema or with missing fields."""
+        if not isinstance(d, dict) or d.get("schema") != REPORT_SCHEMA:
+            raise ValueError(f"not a {REPORT_SCHEMA} report")
+        names = {f.name for f in fields(cls)}
+        entry_names = {f.name for f in fields(GateEntry)}
+        try:
+            tried = [GateEntry(**{k: v for k, v in t.items() if k in entry_names}) for t in d["tried"]]
+            return cls(**{**{k: v for k, v in d.items() if k in names}, "tried": tried})
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"malformed gate report: {exc}") from None
+
+
+REPORT_SCHEMA = "edge-agent/validation/2"
+
+
+class Gate:
+    """The gate of one model on one calibration set: FP32 reference once, then candidates one by one."""
+
+    def __init__(
+        self,
+        ctx: ModelContext,
+        cset: CalibrationSet,
+        *,
+        method: str | None = None,
+        exclude_nodes: list[str] | None = None,
+        percentile: float = 99.99,
+        score_threshold: float | None = None,
+        min_agreement: float | None = None,
+        candidate_slack: float = CANDIDATE_SLACK,
+    ) -> None:
+        if not 0.0 < candidate_slack <= 1.0:
+            raise ValueError(f"candidate_slack must be in (0, 1], got {candidate_slack}")
+        self.ctx, self.cset = ctx, cset
+        mcfg = ctx.cfg
+        self.method = method or mcfg.calibration.method
+        self._exclude, self._percentile = exclude_nodes, percentile
+        self.threshold = mcfg.accuracy_gate.min_agreement if min_agreement is None else min_agreement
+        self.score_threshold = ctx.score_threshold if score_threshold is None else score_threshold
+        self.slack = candidate_slack
+        self.adapter = model_adapter(ctx)
+        self.images = list(read_frames(cset.held_out_paths))
+        self._reference: tuple[list[Detections], float] | None = None
+
+    def reference(self) -> tuple[list[Detections], float]:
+        if self._reference is None:
+            backend = ort_factory(self.ctx.cfg.threads.intra)(self.ctx.cfg.onnx, "fp32")
+            args = (self.adapter, self.images, self.score_threshold, self.ctx.cfg.iou_threshold)
+            self._reference = _run(backend, *args)
+        return self._reference
+
+    def candidate(self, step: Step) -> Candidate:
+        return candidate_model(
+            self.ctx,
+            step.precision,
+            self.cset,
+            self.method,
+            self._exclude,
+            self._percentile,
+            self.adapter,
+            step.folded,
+        )
+
+    def evaluate(self, step: Step, backend: Backend | None = None) -> GateEntry:
+        """Measure `step`'s graph on ONNX Runtime, or `backend` (the built engine, loaded: it is not
+        closed here) against the FP32 reference."""
+        prec = step.precision
+        entry = GateEntry(prec, False, method=self.method if prec == "int8" else None, folded=step.folded)
+        if backend is not None:
+            entry.runtime = "tensorrt" if backend.name.startswith("tensorrt") else backend.name
+        try:
+            reference, ref_ms = self.reference()
+            cand = self.candidate(step)
+            args = (self.adapter, self.images, self.score_threshold * self.slack, self.ctx.cfg.iou_threshold)
+            if backend is not None:
+                dets, ms = detect(backend, *args)
+            elif prec == "fp32":
+                dets, ms = reference, ref_ms  # the reference itself
+            else:
+                dets, ms = _run(ort_factory(self.ctx.cfg.threads.intra)(cand.onnx, prec), *args)
+            agreement = detection_agreement(reference, dets)
+        except (EngineError, BackendError, OSError) as e:
+            entry.reason = f"{step.label}: could not be evaluated: {e}"
+            log.warning("gate %s: %s", self.ctx.name, entry.reason)
+            return entry
+        # Decide on the value as reported, so a report's own number reproduces its verdict.
+        value = round(agreement["map50"], 4)
+        entry.passed = value >= self.threshold
+        entry.value, entry.mean_iou = value, round(agreement["mean_iou"], 4)
+        entry.infer_ms, entry.onnx = round(ms, 2), str(cand.onnx)
+        entry.reason = None if entry.passed else f"map50 {value:.3f} < min_agreement {self.threshold:g}"
+        if cand.info:
+            entry.sha256 = cand.info.get("sha256")
+        log.info("gate %s %s: %s", self.ctx.name, step.label, entry)
+        return entry
+
+
 def run_gate(
-    cfg: AgentConfig,
-    model: str,
+    ctx: ModelContext,
     precision: str | None = None,
     *,
     method: str | None = None,
-    factory: BackendFactory | None = None,
     exclude_nodes: list[str] | None = None,
     percentile: float = 99.99,
     score_threshold: float | None = None,
     min_agreement: float | None = None,
     candidate_slack: float = CANDIDATE_SLACK,
     fold: bool = False,
-) -> dict[str, Any]:
-    """Run the gate for `precision` (default: the model's), `best` trying int8 -> fp16 -> fp32.
-
-    Returns {reference, metric, value, mean_iou, threshold, passed, frames, precision, method,
-    requested, score_threshold, backend, tried: [...]}; for `best` `precision` is the one kept and
-    each `tried` entry says why it failed. Raises CalibrationError without a calibration set.
-    """
-    if model not in cfg.models:
-        raise ConfigError(f"models.{model}: unknown model (known: {', '.join(sorted(cfg.models))})")
-    mcfg = cfg.models[model]
-    requested = precision or mcfg.precision
-    order = ORDER_BEST if requested == "best" else (requested,)
-    threshold = mcfg.accuracy_gate.min_agreement if min_agreement is None else min_agreement
-    score_thr = score_threshold_of(cfg, model) if score_threshold is None else score_threshold
-    on_reference_runtime = factory is None  # candidates run where the reference runs
-    factory = factory or ort_factory(mcfg.threads.intra)
-    cset = load_calibration_set(cfg, model)
-    adapter = model_adapter(cfg, model)
-    images = list(read_frames(cset.held_out_paths))
-    if not 0.0 < candidate_slack <= 1.0:
-        raise ValueError(f"candidate_slack must be in (0, 1], got {candidate_slack}")
-    ref_args = (adapter, images, score_thr, mcfg.iou_threshold)
-    args = (adapter, images, score_thr * candidate_slack, mcfg.iou_threshold)
-    reference, ref_ms = _run(ort_factory(mcfg.threads.intra), mcfg.onnx, "fp32", *ref_args)
-
-    tried: list[dict[str, Any]] = []
+) -> GateReport:
+    """The graph gate for `precision` (default: the model's); `best` tries int8 -> fp16 -> fp32 and
+    keeps the first that passes. Raises CalibrationError without a calibration set."""
+    requested = precision or ctx.cfg.precision
+    gate = Gate(
+        ctx,
+        load_calibration_set(ctx),
+        method=method,
+        exclude_nodes=exclude_nodes,
+        percentile=percentile,
+        score_threshold=score_threshold,
+        min_agreement=min_agreement,
+        candidate_slack=candidate_slack,
+    )
+    order = candidates(requested) if requested == "best" else (requested,)
+    tried: list[GateEntry] = []
     for prec in order:
-        int8_method = method or mcfg.calibration.method
-        entry: dict[str, Any] = {"precision": prec, "method": int8_method if prec == "int8" else None}
-        try:
-            cand = candidate_model(cfg, model, prec, cset, method, exclude_nodes, percentile, adapter, fold)
-            if prec == "fp32" and on_reference_runtime:
-                dets, ms = reference, ref_ms  # the reference itself; another runtime is still measured
-            else:
-                dets, ms = _run(factory, cand.onnx, prec, *args)
-            agreement = detection_agreement(reference, dets)
-        except (EngineError, BackendError, OSError) as e:
-            entry.update(passed=False, reason=f"{prec}: could not be evaluated: {e}")
-            log.warning("gate %s: %s", model, entry["reason"])
-            tried.append(entry)
-            continue
-        # Decide on the value as reported, so a report's own number reproduces its verdict.
-        value = round(agreement["map50"], 4)
-        passed = value >= threshold
-        entry.update(
-            value=round(value, 4),
-            mean_iou=round(agreement["mean_iou"], 4),
-            infer_ms=round(ms, 2),
-            passed=passed,
-            onnx=str(cand.onnx),
-            reason=None if passed else f"map50 {value:.3f} < min_agreement {threshold:g}",
-        )
-        if cand.info:
-            entry["sha256"] = cand.info.get("sha256")
-        log.info("gate %s %s: %s", model, prec, entry)
-        tried.append(entry)
-        if passed:
+        tried.append(gate.evaluate(Step(prec, folded=fold and prec == "int8")))
+        if tried[-1].passed:
             break
-    final = next((t for t in tried if t["passed"]), tried[-1])
-    return {
-        "reference": "fp32",
-        "metric": "map50",
-        "value": final.get("value", 0.0),
-        "mean_iou": final.get("mean_iou", 0.0),
-        "threshold": threshold,
-        "passed": bool(final["passed"]),
-        "frames": len(images),
-        "precision": final["precision"],
-        "method": final["method"],
-        "requested": requested,
-        "score_threshold": score_thr,
-        "candidate_score_threshold": round(score_thr * candidate_slack, 4),
-        "reference_infer_ms": round(ref_ms, 2),
-        "calibration_id": cset.id,
-        "tried": tried,
-    }
+    return GateReport.decide(gate, requested, tried)
 
 
-def manifest_validation(result: dict[str, Any]) -> dict[str, Any]:
-    """Exactly the engine manifest's `validation` object (DESIGN.md)."""
-    return {k: result[k] for k in ("reference", "metric", "value", "threshold", "passed", "frames")}
+def report_path(directory: Path, requested: str) -> Path:
+    return directory / f"validation-{requested}.json"
 
 
-def report_path(cset: CalibrationSet, precision: str) -> Path:
-    return cset.directory / f"validation-{precision}.json"
-
-
-def write_report(cset: CalibrationSet, result: dict[str, Any]) -> Path:
+def write_report(cset: CalibrationSet, report: GateReport) -> Path:
     """Store the gate result next to the held-out frames it was measured on (atomic)."""
-    path = report_path(cset, result["requested"])
-    _write_json(path, {"schema": "edge-agent/validation/1", **result})
+    path = report_path(cset.directory, report.requested)
+    _write_json(path, report.to_json())
     return path
 
 
-def read_report(cfg: AgentConfig, model: str, precision: str) -> dict[str, Any] | None:
-    """The last gate result for (model, requested precision), or None when there is none."""
-    path = cfg.engine_dir / model / "calibration" / f"validation-{precision}.json"
+def read_report(ctx: ModelContext, requested: str) -> GateReport | None:
+    """The last gate result for (model, requested precision); None when there is none (or unreadable)."""
     try:
-        return json.loads(path.read_text())
+        return GateReport.from_json(json.loads(report_path(ctx.calibration_dir, requested).read_text()))
     except (OSError, ValueError):
         return None
 
 
-def format_report(model: str, result: dict[str, Any]) -> str:
-    verdict = "PASS" if result["passed"] else "FAIL"
+def format_report(model: str, r: GateReport) -> str:
+    verdict = "PASS" if r.passed else "FAIL"
     lines = [
-        f"{model}: {verdict} precision {result['precision']}"
-        + (f" ({result['method']})" if result["method"] else "")
-        + f", requested {result['requested']}",
-        f"  {result['metric']} {result['value']:.3f} vs {result['reference']} (min_agreement "
-        f"{result['threshold']:g}), mean IoU {result['mean_iou']:.3f}, {result['frames']} held-out frames, "
-        f"score >= {result['score_threshold']:g} (candidate >= {result['candidate_score_threshold']:g})",
+        f"{model}: {verdict} precision {r.precision}"
+        + (f" ({r.method})" if r.method else "")
+        + f", requested {r.requested}",
+        f"  {r.metric} {r.value:.3f} vs {r.reference} (min_agreement {r.threshold:g}), mean IoU "
+        f"{r.mean_iou:.3f}, {r.frames} held-out frames, score >= {r.score_threshold:g} "
+        f"(candidate >= {r.candidate_score_threshold:g})",
     ]
-    for t in result["tried"]:
-        state = "pass" if t["passed"] else f"fail: {t['reason']}"
+    for t in r.tried:
+        state = "pass" if t.passed else f"fail: {t.reason}"
         extra = (
-            f" map50 {t['value']:.3f} IoU {t['mean_iou']:.3f} {t['infer_ms']:.1f} ms/frame"
-            if "value" in t
+            f" map50 {t.value:.3f} IoU {t.mean_iou:.3f} {t.infer_ms:.1f} ms/frame"
+            if t.value is not None and t.mean_iou is not None and t.infer_ms is not None
             else ""
         )
-        lines.append(f"  - {t['precision']}{' ' + t['method'] if t['method'] else ''}:{extra} ({state})")
+        lines.append(f"  - {t.precision}{' ' + t.method if t.method else ''}:{extra} ({state})")
     return "\n".join(lines)
-
-
-def run_validate(
-    cfg: AgentConfig, model: str | None, precision: str | None, method: str | None, as_json: bool
-) -> int:
-    """`edge-agent validate`: exit 0 when every gate passed, 1 when one failed, 2 on an error."""
-    import sys
-
-    from agent.calibrate import CalibrationError
-
-    names = [model] if model else sorted(cfg.models)
-    outputs: list[dict[str, Any]] = []
-    failed = False
-    for name in names:
-        try:
-            result = run_gate(cfg, name, precision, method=method)
-            cset = load_calibration_set(cfg, name)
-            path = write_report(cset, result)
-        except (CalibrationError, ConfigError, EngineError, BackendError, OSError) as e:
-            print(f"edge-agent validate: {e}", file=sys.stderr)
-            return 2
-        failed |= not result["passed"]
-        obj = {**manifest_validation(result), "model": name, "precision": result["precision"]}
-        obj.update({k: result[k] for k in ("mean_iou", "method", "requested", "tried")})
-        outputs.append(obj)
-        if not as_json:
-            print(format_report(name, result))
-            print(f"  report: {path}")
-    if as_json:
-        print(json.dumps(outputs[0] if len(outputs) == 1 else outputs, indent=2))
-    return 1 if failed else 0

@@ -1,296 +1,327 @@
-"""Reduced-precision engines: calibration set -> accuracy gate -> build what passed -> validation recorded.
+"""The precision job: one engine of one model, from a plan of steps, each gated, built and gated again.
 
-    settings, report, why = resolved_settings(cfg, "detector")    # None + why: the gate must run first
-    result = run_job(cfg, "detector", "best", force=False, emit=print)
+    request = JobRequest(ctx, "best", force=False, lock_wait_s=0)
+    handle = start_job(request, on_event)        # the child process: `python -m agent.lifecycle.job`
+    result = JobResult.from_event(handle.wait())
 
-fp32 needs no gate. fp16, int8 and best run the gate (agent/precision_gate.py) on the held-out frames of
-the model's calibration set (captured from its cameras when there is none yet) and build the first
-precision that passes, from the requested one down (int8 -> fp16 -> fp32); the gate's result goes into
-the engine manifest (`validation`) and the MQTT engine state. Strongly typed TensorRT (11, RTX) builds
-INT8 from the Q/DQ ONNX the gate measured; weakly typed TensorRT (<= 10) from the same calibration
-frames through its INT8 calibrator. The gate evaluates candidates on ONNX Runtime (the candidate ONNX
-graphs); evaluating the built engine itself needs engine execution, which arrives with the multi-stream
-work.
+The daemon and the CLI run every build through this child (fp32 too), handing it a JSON request with
+the resolved model (ModelContext): the child never reads the config file. It reads the calibration set
+the parent stored (the daemon from its running pipeline, the CLI from the cameras or a folder) and
+follows engines.plan.plan_steps from the requested precision down:
 
-The daemon runs `python -m agent.precision_job -c CONFIG --model M` as a child process: it prints the
-same JSON lines as engines.buildproc (progress events, then one result), so both are handled alike.
+    step -> graph gate on ONNX Runtime (not fp32 when fp32 was asked for) -> build (engines.builder)
+         -> where the engine executes here: gate the engine itself
+A step failing any of these gives way to the next; a folded INT8 step runs only when the unfolded build
+failed. The gate report (which steps were tried, why they failed) goes next to the calibration set and
+into the engine manifest's `validation`.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
+import json
 import logging
-import os
-import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-import numpy as np
-
 from agent import __version__
-from agent.calibrate import (
+from agent.config import ConfigError
+from agent.lifecycle.calibration import (
     CalibrationError,
     CalibrationSet,
     calibration_batches,
-    capture_calibration_set,
     load_calibration_set,
     model_adapter,
 )
-from agent.config import AgentConfig, ConfigError, load_config
-from agent.engine_settings import build_settings, trt_flavor
-from agent.precision_gate import candidate_model, manifest_validation, read_report, run_gate, write_report
-from engines.builder import build
-from engines.buildproc import BuildProcess, failure, json_lines_stdout, success
+from agent.lifecycle.gate import Gate, GateEntry, GateReport, cached_candidate, read_report, write_report
+from agent.lifecycle.model import ModelContext
+from agent.lifecycle.serving import engine_runs_here
+from engines.builder import BuildResult, build
+from engines.buildproc import ChildProcess, Event, failure, json_lines_stdout, start_child
 from engines.errors import EngineError
-from engines.fingerprint import probe_fingerprint
+from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.plan import Step, check_precision, needs_gate, plan_steps
 from engines.runtimes.base import BackendError
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import import_trt
+from engines.trt_api import TrtApi, import_trt
 
 log = logging.getLogger(__name__)
-Event = dict[str, Any]
-_REPO = str(Path(__file__).resolve().parent.parent)
+Emit = Callable[[Event], None]
 
 
-def _settings_for(
-    cfg: AgentConfig,
-    model: str,
-    precision: str,
-    cset: CalibrationSet | None,
-    method: str | None,
-    weakly_typed: bool,
-    fold: bool = False,
+@dataclass(frozen=True)
+class JobRequest:
+    model: ModelContext
+    precision: str  # requested: fp32 | fp16 | int8 | best
+    force: bool = False
+    lock_wait_s: float | None = 0.0  # the model's build lock: 0 = fail at once if held, None = forever
+    agent_version: str = __version__
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "model": self.model.to_json()}
+
+    @classmethod
+    def from_json(cls, d: Any) -> JobRequest:
+        """Raises ConfigError naming the request field."""
+        if not isinstance(d, dict):
+            raise ConfigError("job request: not a JSON object")
+        try:
+            wait = d.get("lock_wait_s", 0.0)
+            return cls(
+                ModelContext.from_json(d["model"]),
+                check_precision(str(d["precision"]), "job request: precision"),
+                bool(d.get("force", False)),
+                None if wait is None else float(wait),
+                str(d.get("agent_version", "unknown")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"job request: {exc}") from None
+
+
+@dataclass
+class JobResult:
+    ok: bool
+    requested: str = ""
+    precision: str | None = None  # of the engine kept
+    built: bool = False  # False: an engine fitting the request was already there
+    key: str | None = None
+    plan: str | None = None
+    build_s: float = 0.0
+    message: str = ""
+    reasons: list[str] = field(default_factory=list)  # why a build was needed
+    validation: dict[str, Any] | None = None  # the manifest's
+    state_validation: dict[str, Any] | None = None  # the MQTT engine state's
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    error_type: str | None = None
+
+    def to_event(self) -> Event:
+        return {"event": "result", **asdict(self)}
+
+    @classmethod
+    def from_event(cls, ev: Event) -> JobResult:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in ev.items() if k in names})
+
+    @classmethod
+    def failed(cls, requested: str, error: str, error_type: str) -> JobResult:
+        return cls(False, requested, error=error, error_type=error_type)
+
+
+# ---- what a step builds --------------------------------------------------------------------------
+
+
+def step_settings(
+    ctx: ModelContext, step: Step, cset: CalibrationSet | None, method: str | None
 ) -> BuildSettings:
-    mcfg = cfg.models[model]
-    settings = build_settings(mcfg, precision)
-    if precision != "int8":
+    """Build settings of a step; INT8 names its calibration (and its Q/DQ graph where that is the route).
+
+    Never makes a derived model: the gate made it (CalibrationError when it is missing)."""
+    settings = ctx.build_settings(step.precision)
+    if step.precision != "int8":
         return settings
     assert cset is not None
-    method = method or mcfg.calibration.method
+    method = method or ctx.cfg.calibration.method
     record = {"method": method, "samples": len(cset.calibration_paths), "data_id": cset.id}
-    if weakly_typed:
+    if step.calibrator:
         return replace(settings, calibration=record)  # TensorRT's calibrator reads the same frames
-    cand = candidate_model(cfg, model, "int8", cset, method, fold=fold)  # cached: the file the gate measured
-    return replace(settings, qdq_onnx=cand.onnx, calibration=record)
+    qdq = cached_candidate(ctx, step, cset, method)
+    if qdq is None:
+        raise CalibrationError(f"model {ctx.name}: the {step.label} graph is missing; run the gate again")
+    return replace(settings, qdq_onnx=qdq, calibration=record)
 
 
-def resolved_settings(
-    cfg: AgentConfig, model: str, precision: str | None = None, weakly_typed: bool = False
-) -> tuple[BuildSettings | None, dict[str, Any] | None, str]:
-    """Build settings for `precision` (default: configured) as the last gate decided it.
-
-    Returns (settings, gate report, ""), or (None, None, why) when the gate has to run first.
-    """
-    requested = precision or cfg.models[model].precision
-    if requested == "fp32":
-        return build_settings(cfg.models[model], "fp32"), None, ""
+def resolved_settings(ctx: ModelContext, api: TrtApi) -> tuple[BuildSettings | None, GateReport | None, str]:
+    """Settings of the engine the last job chose for the configured precision (read-only: `check` and
+    daemon start never quantise or convert). (None, None, why) when the job has to run first."""
+    requested = ctx.cfg.precision
+    if not needs_gate(plan_steps(requested, api)):
+        return ctx.build_settings("fp32"), None, ""
     try:
-        cset = load_calibration_set(cfg, model)
+        cset = load_calibration_set(ctx)
     except CalibrationError:
         return (
             None,
             None,
             f"precision {requested} needs the accuracy gate, and there is no calibration set yet",
         )
-    report = read_report(cfg, model, requested)
-    if report is None or report.get("calibration_id") != cset.id:
+    report = read_report(ctx, requested)
+    if report is None or report.calibration_id != cset.id:
         return None, None, f"precision {requested} not validated on the current calibration set yet"
-    chosen = report["precision"] if report["passed"] else "fp32"
-    settings = _settings_for(
-        cfg, model, chosen, cset, report.get("method"), weakly_typed, bool(report.get("folded"))
-    )
-    return settings, report, ""
-
-
-def validation_of(report: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's `validation`, plus what it was measured with."""
-    return {
-        **manifest_validation(report),
-        "mean_iou": report.get("mean_iou"),
-        "precision": report["precision"],
-        "requested": report["requested"],
-        "runtime": "onnxruntime",
-    }
-
-
-ORDER = ("int8", "fp16", "fp32")
-
-
-def engine_runs_here(fp: Any) -> bool:
-    """Engines execute only on a GPU (a TensorRT-RTX AOT build on a CPU machine cannot run there)."""
-    return bool(fp.has_gpu)
-
-
-def _engine_gate(
-    cfg: AgentConfig, model: str, precision: str, store: EngineStore, key: str, api: Any, fp: Any
-) -> dict[str, Any] | None:
-    """Gate the built engine itself where it executes (a GPU with TensorRT); None where it cannot run.
-
-    Written to the TensorRT docs, not run here: no GPU with TensorRT is available to this project.
-    """
-    if not engine_runs_here(fp):
-        return None
-    engine = TensorRTBackend(store, model, key, api=api, fingerprint=fp)
+    chosen = report.precision if report.passed else "fp32"
+    step = Step(chosen, folded=report.folded, calibrator=chosen == "int8" and not api.strongly_typed)
     try:
-        engine.load()
-        shape = tuple(1 if d is None else d for d in engine.input_spec.shape)
-        engine.infer(np.zeros(shape, dtype=engine.input_spec.dtype))
-    except (BackendError, NotImplementedError) as exc:
-        engine.close()
-        log.warning(
-            "model %s: engine %s not evaluated on this device (%s); the graph gate stands", model, key, exc
+        return step_settings(ctx, step, cset, report.method), report, ""
+    except CalibrationError as exc:
+        return None, None, str(exc)
+
+
+# ---- the job -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """What one job has in hand while it walks its steps."""
+
+    req: JobRequest
+    api: TrtApi
+    fp: Fingerprint
+    store: EngineStore
+    emit: Emit
+    cset: CalibrationSet | None = None
+    gate: Gate | None = None
+    tried: list[GateEntry] = field(default_factory=list)
+
+    @property
+    def ctx(self) -> ModelContext:
+        return self.req.model
+
+    def progress(self, phase: str, step: int, total: int) -> None:
+        self.emit({"event": "progress", "phase": phase, "step": step, "total": total})
+
+    def build(self, step: Step) -> BuildResult:
+        batches = None
+        if step.calibrator:
+            assert self.cset is not None
+            batches = functools.partial(calibration_batches, self.cset, model_adapter(self.ctx))
+        method = self.gate.method if self.gate else None
+        return build(
+            self.store,
+            self.ctx.name,
+            step_settings(self.ctx, step, self.cset, method),
+            fingerprint=self.fp,
+            api=self.api,
+            force=self.req.force,
+            on_progress=self.progress,
+            agent_version=self.req.agent_version,
+            lock_wait_s=self.req.lock_wait_s,
+            calibration_batches=batches,
         )
-        return None
-    return run_gate(cfg, model, precision, factory=lambda _path, _prec: engine)
 
+    def engine_gate(self, step: Step, key: str) -> GateEntry | None:
+        """Gate the built engine itself where it executes; None where it cannot (the graph gate stands).
 
-def run_job(
-    cfg: AgentConfig, model: str, precision: str | None, force: bool, emit: Callable[[Event], None]
-) -> Event:
-    """Gate (when needed) and build; returns the result event (never raises for expected failures).
-
-    From the precision the graph gate (ONNX Runtime) keeps, down to fp32: build it; where the engine
-    executes here, gate the engine itself too; a precision whose build or engine gate fails gives way
-    to the next one down, and every step is recorded in `tried`.
-    """
-    mcfg = cfg.models[model]
-    requested = precision or mcfg.precision
-
-    def progress(phase: str, step: int, total: int) -> None:
-        emit({"event": "progress", "phase": phase, "step": step, "total": total})
-
-    try:
-        api = import_trt(trt_flavor(mcfg))
-        fp = probe_fingerprint(api, target_compute_capability=mcfg.engine.target_compute_capability)
-        store = EngineStore(cfg.engine_dir)
-        common = {
-            "fingerprint": fp,
-            "api": api,
-            "force": force,
-            "on_progress": progress,
-            "agent_version": __version__,
-        }
-        if requested == "fp32":
-            result = build(store, model, build_settings(mcfg, "fp32"), **common)
-            return _result_event(result, "fp32", requested, None, [])
+        Written to the TensorRT docs, not run here: no GPU with TensorRT is available to this project."""
+        if self.gate is None or not engine_runs_here(self.fp):
+            return None
+        engine = TensorRTBackend(self.store, self.ctx.name, key, api=self.api, fingerprint=self.fp)
         try:
-            cset = load_calibration_set(cfg, model)
-        except CalibrationError:
-            progress("capture calibration set", 0, 1)
-            cset = capture_calibration_set(cfg, model, progress=False)
-        progress("accuracy gate", 0, 1)
-        report = run_gate(cfg, model, requested)
-        tried = list(report["tried"])
-        first = report["precision"] if report["passed"] else "fp32"
-        # (precision, folded Q/DQ graph); the folded INT8 variant is tried only where a strongly typed
-        # TensorRT could not build the unfolded one (TensorRT-RTX 1.7 on tf2onnx graphs).
-        steps = [(p, False) for p in ORDER[ORDER.index(first) :]]
-        i = 0
-        while i < len(steps):
-            prec, fold = steps[i]
-            i += 1
-            if i > 1:  # a fallback: its graph must pass the gate too
-                report = run_gate(cfg, model, prec, fold=fold)
-                tried += [{**t, "folded": fold} if fold else t for t in report["tried"]]
-                if not report["passed"]:
-                    continue
-            report["folded"] = fold
-            settings = _settings_for(cfg, model, prec, cset, report.get("method"), api.weakly_typed, fold)
-            batches = None
-            if prec == "int8" and api.weakly_typed:
-                batches = functools.partial(calibration_batches, cset, model_adapter(cfg, model))
-            try:
-                result = build(store, model, settings, calibration_batches=batches, **common)
-            except EngineError as exc:
-                if prec == "fp32":
-                    raise
-                variant = f"{prec}{' (folded)' if fold else ''}"
-                log.warning(
-                    "model %s: %s engine build failed (%s); trying the next step", model, variant, exc
-                )
-                tried.append(
-                    {
-                        "precision": prec,
-                        "passed": False,
-                        "folded": fold,
-                        "reason": f"{variant}: engine build failed: {exc}",
-                    }
-                )
-                if prec == "int8" and not fold and not api.weakly_typed:
-                    steps.insert(i, ("int8", True))
-                continue
-            runtime = "onnxruntime"
-            engine_report = _engine_gate(cfg, model, prec, store, result.key, api, fp)
-            if engine_report is not None:
-                runtime = "tensorrt"
-                tried += [{**t, "runtime": "tensorrt"} for t in engine_report["tried"]]
-                report = {**engine_report, "folded": fold}
-                if not engine_report["passed"] and prec != "fp32":
-                    continue
-            break
-        report = {**report, "requested": requested, "tried": tried, "runtime": runtime}
-        write_report(cset, report)
-        progress("accuracy gate", 1, 1)
-        validation = {**validation_of(report), "runtime": runtime}
-        with store.lock(model, wait_s=30):
-            store.set_validation(model, result.key, validation)
-    except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
-        return {**failure(f"model {model!r}: {exc}", type(exc).__name__), "requested": requested}
-    return _result_event(result, prec, requested, validation, tried)
+            engine.load()
+            return self.gate.evaluate(step, backend=engine)
+        except (BackendError, NotImplementedError) as exc:
+            log.warning(
+                "model %s: engine %s not evaluated here (%s); the graph gate stands", self.ctx.name, key, exc
+            )
+            return None
+        finally:
+            engine.close()
 
 
-def _result_event(
-    result: Any,
-    precision: str,
-    requested: str,
-    validation: dict[str, Any] | None,
-    tried: list[dict[str, Any]],
-) -> Event:
-    return success(result, precision=precision, requested=requested, validation=validation, tried=tried)
-
-
-def start_precision_job(
-    config: Path, model: str, precision: str | None, force: bool, on_event: Callable[[Event], None] | None
-) -> BuildProcess:
-    """The job as a child process (same protocol and handle as engines.buildproc)."""
-    cmd = [sys.executable, "-m", "agent.precision_job", "-c", str(config), "--model", model]
-    if precision:
-        cmd += ["--precision", precision]
-    if force:
-        cmd.append("--force")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
-    return BuildProcess(proc, on_event)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.precision_job")
-    p.add_argument("-c", "--config", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--precision")
-    p.add_argument("--force", action="store_true")
-    args = p.parse_args(argv)
-    emit = json_lines_stdout()
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    logging.getLogger("engines.trt").setLevel(logging.ERROR)
-
+def run_job(req: JobRequest, emit: Emit) -> JobResult:
+    """Walk the plan; returns the result (never raises for expected failures: they are in `error`)."""
+    ctx, requested = req.model, req.precision
     try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        emit(failure(str(exc), "ConfigError"))
+        api = import_trt(ctx.trt_flavor)
+        fp = probe_fingerprint(api, target_compute_capability=ctx.cfg.engine.target_compute_capability)
+        run = _Run(req, api, fp, EngineStore(ctx.engine_dir), emit)
+        steps = plan_steps(requested, api)
+        if needs_gate(steps):
+            run.cset = load_calibration_set(ctx)  # stored by the parent
+            run.gate = Gate(ctx, run.cset)
+        return _walk(run, steps)
+    except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
+        return JobResult.failed(requested, f"model {ctx.name!r}: {exc}", type(exc).__name__)
+
+
+def _walk(run: _Run, steps: list[Step]) -> JobResult:
+    ctx, requested, gate = run.ctx, run.req.precision, run.gate
+    previous_build_failed = False
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        if step.only_if_build_failed and not previous_build_failed:
+            continue
+        previous_build_failed = False
+        if gate is not None:
+            run.progress(f"accuracy gate {step.label}", 0, 1)
+            entry = gate.evaluate(step)
+            run.tried.append(entry)
+            if not entry.passed and not last:
+                continue
+        try:
+            result = run.build(step)
+        except EngineError as exc:
+            if last:
+                raise
+            log.warning("model %s: %s engine build failed (%s); next step", ctx.name, step.label, exc)
+            run.tried.append(
+                GateEntry(
+                    step.precision, False, f"{step.label}: engine build failed: {exc}", folded=step.folded
+                )
+            )
+            previous_build_failed = True
+            continue
+        engine_entry = run.engine_gate(step, result.key)
+        if engine_entry is not None:
+            run.tried.append(engine_entry)
+            if not engine_entry.passed and not last:
+                continue
+        return _finish(run, step, result)
+    raise EngineError(f"model {ctx.name!r}: no step of precision {requested} could be tried")
+
+
+def _finish(run: _Run, step: Step, result: BuildResult) -> JobResult:
+    ctx, gate = run.ctx, run.gate
+    validation = state = None
+    if gate is not None:
+        assert run.cset is not None
+        # The report describes the engine kept: its last measurement (the engine's where it ran).
+        kept = [t for t in run.tried if t.precision == step.precision and t.folded == step.folded]
+        report = GateReport.decide(gate, run.req.precision, run.tried, kept[-1])
+        write_report(run.cset, report)
+        validation, state = report.validation(), report.state()
+        with run.store.lock(ctx.name, wait_s=30):
+            run.store.set_validation(ctx.name, result.key, validation)
+    return JobResult(
+        True,
+        run.req.precision,
+        step.precision,
+        result.built,
+        result.key,
+        str(result.plan_path),
+        round(result.build_s, 3),
+        result.message,
+        result.reasons,
+        validation,
+        state,
+        [asdict(t) for t in run.tried],
+    )
+
+
+# ---- the child process ---------------------------------------------------------------------------
+
+
+def start_job(request: JobRequest, on_event: Callable[[Event], None] | None) -> ChildProcess:
+    return start_child([sys.executable, "-m", "agent.lifecycle.job"], request.to_json(), on_event)
+
+
+def main() -> int:
+    emit = json_lines_stdout()
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("engines.trt").setLevel(logging.ERROR)
+    try:
+        request = JobRequest.from_json(json.loads(sys.stdin.read()))
+    except (ValueError, ConfigError) as exc:
+        emit(failure(f"bad job request on stdin: {exc}", "ConfigError"))
         return 2
-    result = run_job(cfg, args.model, args.precision, args.force, emit)
-    emit(result)
-    return 0 if result["ok"] else 1
+    result = run_job(request, emit)
+    emit(result.to_event())
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
-"""Agent side of the engine lifecycle: which runtime serves each model, builds in a child process, hot swap.
+"""The daemon's side of the engine lifecycle: what serves each model, jobs in a child, hot swap.
 
-Rules (README "Engines"):
-- backend `onnxruntime`: ONNX Runtime, no engine.
-- backend `auto`: TensorRT when a TensorRT flavour is importable *and* a GPU is visible, else ONNX Runtime.
-- backend `tensorrt` / `tensorrt_rtx`: that flavour. Without a usable engine the model is served by ONNX
-  Runtime (engine state `fallback`) while a child process builds one; then the new engine is loaded
-  and swapped in between two batches, cameras untouched. A failed build keeps whatever serves.
-- Engines built by `edge-agent rebuild` in another process are picked up by a watcher.
+Per model, one state machine (the retained MQTT engine state, DESIGN.md):
 
-The engine state `state` is the engine's (checking, building, ready, failed, fallback); `backend` names
-the runtime serving detections now. On a machine that can build but not run the engine (TensorRT-RTX
-without a supported GPU) the state becomes `ready` with `loaded: false` and the reason.
+    checking --fits, loads--> ready
+    checking --no fitting engine / not validated--> fallback --job starts--> building
+    ready | failed | fallback --rebuild--> building --job ok--> ready   (--job failed--> failed)
+
+`state` is the engine's; `backend` names the runtime serving detections now. While no engine serves,
+ONNX Runtime does. A job (agent.lifecycle.job) runs in a child process; before it starts, the frames
+the gate (and INT8) needs are taken from the model's running pipeline (FrameTap), never from a second
+camera session. A finished engine is loaded and warmed up here; only then is it handed to the model's
+worker, which switches at the top of its next batch. On a machine that can build but not run the engine
+(TensorRT-RTX without a supported GPU) the state is `ready` with `loaded: false` and the reason.
+Engines built by `edge-agent rebuild` in another process are noticed by a watcher and adopted alike.
 """
 
 from __future__ import annotations
@@ -18,48 +20,60 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from agent.config import AgentConfig, ConfigError, ModelConfig
-from agent.engine_settings import build_settings, trt_flavor
-from engines.buildproc import BuildProcess, start_build_process
+from agent.config import AgentConfig
+from agent.lifecycle.calibration import (
+    CalibrationError,
+    FrameTap,
+    capture_from_frames,
+    default_held_out,
+    load_calibration_set,
+)
+from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_job
+from agent.lifecycle.model import ModelContext
+from agent.lifecycle.serving import EngineTarget, OrtOnly, engine_target, open_ort, warm_up
+from engines.buildproc import ChildProcess
 from engines.compat import check
-from engines.errors import EngineError
-from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.plan import check_precision, needs_calibration_frames, needs_gate, plan_steps
 from engines.runtimes.base import Backend, BackendError
-from engines.runtimes.ort import OrtBackend
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.store import EngineStore
-from engines.trt_api import TrtApi, import_trt
 
 log = logging.getLogger(__name__)
 
 StatePublisher = Callable[[str, dict[str, Any]], None]
 Swapper = Callable[[str, Backend], None]
 
-
-def open_ort(name: str, cfg: ModelConfig) -> Backend:
-    backend = OrtBackend(str(cfg.onnx), intra_threads=cfg.threads.intra, inter_threads=cfg.threads.inter)
-    backend.load()
-    return backend
+# Allowed moves of the engine state; anything else is a bug (logged, still published).
+TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"checking"}),
+    "checking": frozenset({"ready", "fallback"}),
+    "fallback": frozenset({"building"}),
+    "building": frozenset({"building", "ready", "failed"}),
+    "ready": frozenset({"building", "ready"}),
+    "failed": frozenset({"building", "ready"}),
+}
 
 
 @dataclass
 class ModelEngine:
-    name: str
-    cfg: ModelConfig
-    api: TrtApi
-    fingerprint: Fingerprint
+    """One model's engine lifecycle; every field is read and written under `lock`."""
+
+    ctx: ModelContext
+    target: EngineTarget
+    lock: threading.Lock = field(default_factory=threading.Lock)
     state: dict[str, Any] = field(default_factory=dict)
-    build: BuildProcess | None = None
-    loaded_key: str | None = None
+    job: ChildProcess | None = None
+    busy: bool = False  # a job (capture, child, adoption) is under way
     seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
     last_progress_pub: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.ctx.name
 
 
 class EngineManager:
@@ -69,22 +83,21 @@ class EngineManager:
         publish: StatePublisher,
         swap: Swapper,
         agent_version: str,
+        frames_for: Callable[[str], FrameTap | None] = lambda _m: None,
         watch_interval_s: float = 2.0,
-        config_path: Path | None = None,
     ) -> None:
-        self._config_path = config_path
         self.cfg = cfg
         self._publish = publish
         self._swap = swap
+        self._frames_for = frames_for
         self._version = agent_version
         self._watch_interval = watch_interval_s
         self._store: EngineStore | None = None
         self._models: dict[str, ModelEngine] = {}
-        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pending_start: list[str] = []  # models in fallback: their jobs start with the pipeline
 
-    # ---- start-up ------------------------------------------------------------------------------
     @property
     def store(self) -> EngineStore:
         if self._store is None:
@@ -92,53 +105,62 @@ class EngineManager:
             self._store = EngineStore(self.cfg.engine_dir)
         return self._store
 
-    def open(self, name: str, cfg: ModelConfig) -> Backend:
-        """The backend to serve `name` with now; starts a build in the background when one is needed."""
-        if cfg.backend == "onnxruntime":
-            return self._ort_only(name, cfg, [])
-        try:
-            api = import_trt(trt_flavor(cfg))
-            fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
-        except EngineError as exc:
-            if cfg.backend != "auto":
-                raise ConfigError(f"models.{name}.backend: {cfg.backend} requested, but {exc}") from None
-            return self._ort_only(name, cfg, [f"no TensorRT here ({exc}): ONNX Runtime serves"])
-        if cfg.backend == "auto" and not fp.has_gpu:
-            return self._ort_only(name, cfg, ["no CUDA GPU visible: ONNX Runtime serves"])
-        store = self.store
-        me = ModelEngine(name, cfg, api, fp)
-        with self._lock:
-            self._models[name] = me
-        self._set(me, state="checking", backend="onnxruntime")
-        settings, report, why = self._settings(me)
-        if settings is None:
-            return self._fallback(me, [why], "the gate runs")
-        if report is not None:
-            self._set(me, validation=_state_validation(report))
-        result = check(store, name, settings, fp)
-        me.seen = self._listing(name)
-        if result.ok:
-            trt = self._try_load(me, result.key)
-            if trt is not None:
-                self._set(
-                    me,
-                    state="ready",
-                    backend=trt.name,
-                    precision=trt.precision,
-                    key=result.key,
-                    loaded=True,
-                    reasons=[],
-                )
-                return trt
-        if result.ok:
-            return open_ort(name, cfg)  # fitting engine that this device cannot run: see _try_load
-        return self._fallback(me, result.reasons, "one is built")
+    @property
+    def models(self) -> list[str]:
+        return list(self._models)
 
-    def _fallback(self, me: ModelEngine, reasons: list[str], meanwhile: str) -> Backend:
-        """ONNX Runtime serves while a build (and gate) runs in a child process."""
-        backend = open_ort(me.name, me.cfg)
+    # ---- start-up ------------------------------------------------------------------------------
+    def open(self, name: str) -> Backend:
+        """The backend to serve `name` with now; starts a job in the background when one is needed."""
+        ctx = ModelContext.from_config(self.cfg, name)
+        target = engine_target(ctx)
+        if isinstance(target, OrtOnly):
+            backend = open_ort(ctx)
+            self._publish(
+                name,
+                {
+                    "state": "ready",
+                    "backend": backend.name,
+                    "precision": backend.precision,
+                    "reasons": [] if target.note.startswith("backend onnxruntime") else [target.note],
+                },
+            )
+            return backend
+        store = self.store
+        me = ModelEngine(ctx, target)
+        self._models[name] = me
+        self._set(me, state="checking", backend="onnxruntime")
+        settings, report, why = resolved_settings(ctx, target.api)
+        if settings is None:
+            return self._fallback(me, [why])
+        if report is not None:
+            self._set(me, validation=report.state())
+        result = check(store, name, settings, target.fingerprint)
+        with me.lock:
+            me.seen = self._listing(name)
+        if not result.ok:
+            return self._fallback(me, result.reasons)
+        engine = self._load(me, result.key)
+        if engine is not None:
+            self._set(
+                me,
+                state="ready",
+                backend=engine.name,
+                precision=engine.precision,
+                key=result.key,
+                loaded=True,
+                reasons=[],
+            )
+            return engine
+        return open_ort(ctx)  # a fitting engine this device cannot run: _load published why
+
+    def _fallback(self, me: ModelEngine, reasons: list[str]) -> Backend:
+        """ONNX Runtime serves while a job makes an engine."""
+        backend = open_ort(me.ctx)
         log.warning(
-            "model %s: %s; ONNX Runtime serves (fallback) while %s", me.name, "; ".join(reasons), meanwhile
+            "model %s: %s; ONNX Runtime serves (fallback) while an engine is made",
+            me.name,
+            "; ".join(reasons),
         )
         self._set(
             me,
@@ -149,137 +171,152 @@ class EngineManager:
             key=None,
             loaded=False,
         )
-        self.rebuild(me.name)
-        return backend
-
-    def _ort_only(self, name: str, cfg: ModelConfig, reasons: list[str]) -> Backend:
-        """A model that ONNX Runtime serves by design (no engine involved)."""
-        backend = open_ort(name, cfg)
-        state = {
-            "state": "ready",
-            "backend": backend.name,
-            "precision": backend.precision,
-            "reasons": reasons,
-        }
-        self._publish(name, state)
+        self._pending_start.append(me.name)
         return backend
 
     def start(self) -> None:
+        """Jobs for models in fallback start now (their pipelines run: frames can be tapped)."""
+        pending, self._pending_start = self._pending_start, []
+        for name in pending:
+            self.rebuild(name)
         if self._models:
             self._thread = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
-        with self._lock:
-            builds = [m.build for m in self._models.values() if m.build is not None]
-        for b in builds:
-            b.kill()  # temp files of a killed build are never loaded, and are cleaned by the next build
+        for me in list(self._models.values()):
+            with me.lock:
+                job = me.job
+            if job is not None:
+                job.kill()  # the store keeps the previous engine intact; temp files go at the next build
         if self._thread is not None:
             self._thread.join(2.0)
 
-    @property
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    # ---- builds --------------------------------------------------------------------------------
+    # ---- jobs ----------------------------------------------------------------------------------
     def rebuild(self, name: str, force: bool = False, precision: str | None = None) -> bool:
-        """Start a child-process build of `name`; False when one is already running.
-
-        fp32 goes straight to engines.buildproc; fp16/int8/best go through the precision job (gate, then
-        build), which needs the config file."""
-        with self._lock:
-            me = self._models[name]
-            if me.build is not None:
+        """Start a job for `name` in the background; False when one is already under way."""
+        me = self._models[name]
+        requested = check_precision(precision or me.ctx.cfg.precision, "precision")
+        with me.lock:
+            if me.busy or self._stop.is_set():
                 return False
-            requested = precision or me.cfg.precision
-            on_event = lambda ev: self._on_build_event(me, ev)  # noqa: E731
-            if requested == "fp32":
-                me.build = start_build_process(
-                    name,
-                    build_settings(me.cfg, "fp32"),
-                    self.cfg.engine_dir,
-                    force=force,
-                    on_event=on_event,
-                    agent_version=self._version,
-                    trt_flavor=me.api.flavor,
-                )
-            elif self._config_path is None:
-                self._set(me, state="failed", error=f"precision {requested} needs the daemon's config file")
-                return False
-            else:
-                from agent.precision_job import start_precision_job
-
-                me.build = start_precision_job(self._config_path, name, requested, force, on_event)
+            me.busy = True
         self._set(me, state="building", progress=None, error=None)
-        threading.Thread(target=self._finish_build, args=(me,), name=f"build-{name}", daemon=True).start()
+        request = JobRequest(me.ctx, requested, force, 0.0, self._version)
+        threading.Thread(target=self._run_job, args=(me, request), name=f"job-{name}", daemon=True).start()
         return True
 
-    def _on_build_event(self, me: ModelEngine, ev: dict[str, Any]) -> None:
-        if ev.get("event") != "progress":
-            return
-        now = time.monotonic()
-        if now - me.last_progress_pub < 0.5:  # a progress state at most twice a second
-            return
-        me.last_progress_pub = now
-        progress = {"phase": ev.get("phase"), "step": ev.get("step"), "total": ev.get("total")}
-        log.info(
-            "model %s: building: %s %s/%s", me.name, progress["phase"], progress["step"], progress["total"]
-        )
-        self._set(me, state="building", progress=progress)
-
-    def _finish_build(self, me: ModelEngine) -> None:
-        build = me.build
-        assert build is not None
-        result = build.wait()
-        with self._lock:
-            me.build = None
-            me.seen = self._listing(me.name)
+    def _run_job(self, me: ModelEngine, request: JobRequest) -> None:
+        try:
+            result = self._job(me, request)
+        except Exception as exc:  # never leave the model `building` forever
+            log.exception("model %s: engine job failed", me.name)
+            result = JobResult.failed(request.precision, str(exc), type(exc).__name__)
+        finally:
+            with me.lock:
+                me.job, me.busy = None, False
+                me.seen = self._listing(me.name)
         if self._stop.is_set():
             return
-        if not result.get("ok"):
-            error = result.get("error") or "build failed"
+        if not result.ok:
             log.error(
-                "model %s: engine build failed: %s (still serving %s)",
+                "model %s: engine job failed: %s (still serving %s)",
                 me.name,
-                error,
+                result.error,
                 me.state.get("backend"),
             )
-            self._set(me, state="failed", error=error, progress=None)
+            self._set(me, state="failed", error=result.error or "job failed", progress=None)
             return
-        log.info("model %s: %s", me.name, result.get("message"))
-        if result.get("validation"):
-            self._set(me, validation=_state_validation(result["validation"]), tried=result.get("tried", []))
-        key = result.get("key")
-        build_s = result.get("build_s") if result.get("built") else me.state.get("build_s")
+        log.info("model %s: %s", me.name, result.message)
         self._set(
             me,
-            build_s=build_s,
-            reasons=result.get("reasons") or me.state.get("reasons", []),
+            build_s=result.build_s if result.built else me.state.get("build_s"),
+            reasons=result.reasons or me.state.get("reasons", []),
+            validation=result.state_validation or me.state.get("validation"),
+            tried=result.tried,
             progress=None,
             error=None,
         )
-        if key is not None:
-            self._adopt(me, key)
+        if result.key is not None:
+            self._adopt(me, result.key)
 
-    def _adopt(self, me: ModelEngine, key: str) -> None:
-        """Load engine `key` and swap it in; on failure the current backend keeps serving."""
-        trt = self._try_load(me, key)
-        if trt is None:
+    def _job(self, me: ModelEngine, request: JobRequest) -> JobResult:
+        steps = plan_steps(request.precision, me.target.api)
+        if needs_gate(steps):
+            self._ensure_frames(me, calibration=needs_calibration_frames(steps))
+        if self._stop.is_set():
+            return JobResult.failed(request.precision, "stopped", "Stopped")
+        job = start_job(request, lambda ev: self._on_event(me, ev))
+        with me.lock:
+            me.job = job
+        return JobResult.from_event(job.wait())
+
+    def _ensure_frames(self, me: ModelEngine, calibration: bool) -> None:
+        """The frames the gate (and INT8) need, from the model's running pipeline when missing."""
+        cal = me.ctx.cfg.calibration
+        try:
+            cset = load_calibration_set(me.ctx)
+            if not calibration or cset.calibration_paths:
+                return
+        except CalibrationError:
+            pass
+        tap = self._frames_for(me.name)
+        if tap is None or cal.source == "folder":
+            raise CalibrationError(
+                f"model {me.name}: no calibration set; run edge-agent calibrate --model {me.name}"
+            )
+        samples = cal.samples if calibration else 0
+        held_out = default_held_out(cal.samples)
+        total = samples + held_out
+        cams = max(1, sum(1 for c in self.cfg.cameras.values() if c.model == me.name and c.enabled))
+        timeout = 60.0 + 3.0 * total / cams * cal.interval_s
+        log.info(
+            "model %s: capturing %d frames from its pipeline (%d held out for the gate)",
+            me.name,
+            total,
+            held_out,
+        )
+        frames = tap.frames(total, cal.interval_s, timeout, self._stop)
+        capture_from_frames(me.ctx, self._counted(me, frames, total), samples, held_out)
+
+    def _counted(self, me: ModelEngine, frames: Iterator[Any], total: int) -> Iterator[Any]:
+        for n, item in enumerate(frames, 1):
+            self._on_event(me, {"event": "progress", "phase": "capture frames", "step": n, "total": total})
+            yield item
+
+    def _on_event(self, me: ModelEngine, ev: dict[str, Any]) -> None:
+        if ev.get("event") != "progress":
             return
-        self._swap(me.name, trt)
-        me.loaded_key = key
-        self._set(me, state="ready", backend=trt.name, precision=trt.precision, key=key, loaded=True)
+        now = time.monotonic()
+        with me.lock:
+            if now - me.last_progress_pub < 0.5:  # a progress state at most twice a second
+                return
+            me.last_progress_pub = now
+        progress = {"phase": ev.get("phase"), "step": ev.get("step"), "total": ev.get("total")}
+        log.info("model %s: %s %s/%s", me.name, progress["phase"], progress["step"], progress["total"])
+        self._set(me, state="building", progress=progress)
 
-    def _try_load(self, me: ModelEngine, key: str) -> Backend | None:
+    # ---- serving an engine ---------------------------------------------------------------------
+    def _adopt(self, me: ModelEngine, key: str) -> None:
+        """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays."""
+        engine = self._load(me, key)
+        if engine is None:
+            return
+        self._swap(me.name, engine)
+        self._set(me, state="ready", backend=engine.name, precision=engine.precision, key=key, loaded=True)
+
+    def _load(self, me: ModelEngine, key: str) -> Backend | None:
         manifest = self.store.manifest(me.name, key)
         plan_sha = manifest.build.get("plan_sha256") if manifest else None
-        trt = TensorRTBackend(self.store, me.name, key, api=me.api, fingerprint=me.fingerprint)
+        engine = TensorRTBackend(
+            self.store, me.name, key, api=me.target.api, fingerprint=me.target.fingerprint
+        )
         try:
-            trt.load()
-            _warm_up(trt)  # an engine that cannot execute is never swapped in
+            engine.load()
+            warm_up(engine)  # an engine that cannot execute is never swapped in
         except (BackendError, NotImplementedError) as exc:
-            trt.close()
+            engine.close()
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
             precision = manifest.build.get("precision") if manifest else None
             self._set(
@@ -292,9 +329,8 @@ class EngineManager:
                 precision=precision,
             )
             return None
-        me.loaded_key = key
-        me.state["plan_sha256"] = plan_sha
-        return trt
+        self._set(me, plan_sha256=plan_sha, load_error=None)
+        return engine
 
     # ---- watcher -------------------------------------------------------------------------------
     def _listing(self, name: str) -> tuple:
@@ -313,50 +349,38 @@ class EngineManager:
                     log.exception("model %s: engine watch failed", me.name)
 
     def _watch_one(self, me: ModelEngine) -> None:
-        with self._lock:
-            if me.build is not None:
+        with me.lock:
+            if me.busy:
                 return
             listing = self._listing(me.name)
             if listing == me.seen:
                 return
             me.seen = listing
-        settings, _, _ = self._settings(me)
+            known_sha = me.state.get("plan_sha256")
+        settings, report, _ = resolved_settings(me.ctx, me.target.api)
         if settings is None:
             return
-        result = check(self.store, me.name, settings, me.fingerprint)
+        result = check(self.store, me.name, settings, me.target.fingerprint)
         manifest = result.manifest
-        if not result.ok or manifest is None:
+        if not result.ok or manifest is None or manifest.build.get("plan_sha256") == known_sha:
             return
-        if manifest.build.get("plan_sha256") != me.state.get("plan_sha256"):
-            log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
-            self._set(me, build_s=manifest.build.get("build_s"), reasons=[])
-            self._adopt(me, result.key)
-
-    def _settings(self, me: ModelEngine) -> tuple[Any, dict[str, Any] | None, str]:
-        from agent.precision_job import resolved_settings
-
-        return resolved_settings(self.cfg, me.name, None, me.api.weakly_typed)
+        log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
+        self._set(
+            me,
+            build_s=manifest.build.get("build_s"),
+            reasons=[],
+            validation=report.state() if report else me.state.get("validation"),
+        )
+        self._adopt(me, result.key)
 
     # ---- state -----------------------------------------------------------------------------------
     def _set(self, me: ModelEngine, **fields: Any) -> None:
-        with self._lock:
+        """Update and publish under the model's lock, so retained states reach MQTT in order."""
+        with me.lock:
+            new = fields.get("state")
+            old = me.state.get("state")
+            if new is not None and new != old and new not in TRANSITIONS[old]:
+                log.error("model %s: engine state %s -> %s is not a planned transition", me.name, old, new)
             me.state.update(fields)
-            me.state.setdefault("fingerprint", me.fingerprint.manifest_dict())
-            snapshot = dict(me.state)
-        self._publish(me.name, snapshot)
-
-    def state_of(self, name: str) -> dict[str, Any]:
-        me = self._models.get(name)
-        return dict(me.state) if me else {}
-
-
-def _state_validation(report: dict[str, Any]) -> dict[str, Any]:
-    """The engine state's `validation` (DESIGN.md: metric, value, threshold, passed) and its precision."""
-    return {k: report.get(k) for k in ("metric", "value", "threshold", "passed", "precision", "requested")}
-
-
-def _warm_up(backend: Backend) -> None:
-    """One inference on zeros at the smallest profile shape: proves the engine executes here."""
-    spec = backend.input_spec
-    shape = tuple(1 if d is None else d for d in spec.shape)
-    backend.infer(np.zeros(shape, dtype=spec.dtype))
+            me.state.setdefault("fingerprint", me.target.fingerprint.manifest_dict())
+            self._publish(me.name, dict(me.state))
