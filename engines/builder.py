@@ -51,13 +51,6 @@ class BuildResult:
     reasons: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class TimingCacheInfo:
-    path: Path
-    hit: bool
-    data: bytes  # what was loaded
-
-
 def _noop(phase: str, step: int, total: int) -> None:
     pass
 
@@ -236,7 +229,9 @@ def build(
     with store.lock(model, wait_s=lock_wait_s):
         stale = store.clean_stale(model)
         if stale:
-            log.info("removed %d stale temp files of killed builds: %s", len(stale), [p.name for p in stale])
+            log.info(
+                "removed %d stale files of killed or failed builds: %s", len(stale), [p.name for p in stale]
+            )
         reasons: list[str] = []
         if not force:
             result = check(store, model, settings, fp)
@@ -265,7 +260,11 @@ def build(
             api, prepared, spec, timing_cache=tc_data, on_progress=progress, int8=int8
         )
         build_s = time.monotonic() - t0
-        _save_timing_cache(api, tc_path, tc_handle)
+        try:
+            _save_timing_cache(api, tc_path, tc_handle)
+        except OSError as e:
+            # Only a cache: the engine matters. A full disk fails the plan write next, with a StoreError.
+            log.warning("cannot save timing cache %s: %s", tc_path, e.strerror or e)
 
         progress("save", 0, 1)
         manifest = Manifest(
@@ -294,7 +293,7 @@ def build(
     return BuildResult(
         True,
         spec.key,
-        store.plan_path(model, spec.key),
+        store.plan_path_for(model, stored),
         stored,
         build_s,
         f"built engine {spec.key} of model {model!r} in {build_s:.2f} s{why}",

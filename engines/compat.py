@@ -235,4 +235,4 @@ def check(store: EngineStore, model: str, settings: BuildSettings, fingerprint: 
         reasons.append(f"build settings changed (engine {manifest.key} -> {key})")
     if reasons:
         return CheckResult("rebuild", reasons, key, manifest, None, spec)
-    return CheckResult("ok", [], key, manifest, store.plan_path(model, key), spec)
+    return CheckResult("ok", [], key, manifest, store.plan_path_for(model, manifest), spec)

@@ -1,6 +1,6 @@
 """Crash-safe file writes: temp file in the same directory, fsync, rename, fsync the directory.
 
-Temp names start with "." and contain ".tmp-", so they never match `{key}.plan`/`{key}.json` and
+Temp names start with "." and contain ".tmp-", so they never match a plan or `{key}.json` and
 a reader never sees a half-written file; `remove_stale_temps` deletes what a killed writer left.
 """
 

@@ -18,6 +18,8 @@ import pytest
 from fixtures_agent import AgentProcess, decoded, run_cli, wait
 from fixtures_mqtt import Broker, Message, Subscriber
 
+from engines.store import EngineStore
+
 pytest.importorskip("tensorrt_rtx", reason="CI installs tensorrt-rtx (test extra)")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +79,7 @@ telemetry: {{interval_s: 5}}
     assert ready["backend"] == "onnxruntime"
     assert any(s["state"] == "building" for s in engine_states(msgs))
     assert "ONNX Runtime serves (fallback)" in agent.text()
-    plan = tmp_path / "engines" / "detector" / f"{ready['key']}.plan"
+    plan = tmp_path / "engines" / "detector" / f"{ready['key']}-{ready['plan_sha256'][:12]}.plan"
     assert plan.stat().st_size > 1_000_000
 
     # Detections kept flowing across the build: frames captured before, during and after it.
@@ -134,6 +136,8 @@ telemetry: {{interval_s: 5}}
     )
 
     # 5. A build that fails (ONNX truncated on disk) reports why; ONNX Runtime keeps serving.
+    last = [s for s in engine_states(sub.snapshot()) if s["state"] == "ready"][-1]
+    plan = tmp_path / "engines" / "detector" / f"{last['key']}-{last['plan_sha256'][:12]}.plan"
     onnx.write_bytes(onnx.read_bytes()[:4096])
     n_before = len(sub.snapshot())
     sub.publish("edge-agent/eng/cmd/rebuild", json.dumps({"force": True, "request_id": "r2"}))
@@ -151,7 +155,10 @@ telemetry: {{interval_s: 5}}
     wait(
         sub, lambda m: len(decoded(m, "/detections")) >= n_dets + 5, 15, agent, "detections after the failure"
     )
-    assert plan.exists()  # the previous engine is still there
+    # The previous engine (the forced rebuilds replaced the first plan) is still listed and intact.
+    store = EngineStore(tmp_path / "engines", check_writable=False)
+    current = store.manifest("detector", ready["key"])
+    assert current is not None and len(store.read_plan("detector", ready["key"])) > 1_000_000
     assert agent.proc.poll() is None
 
 

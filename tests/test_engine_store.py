@@ -147,13 +147,16 @@ def test_write_read_prune_and_rollback_order(tmp_path):
         store.write("det", f"key{i}", plan, m)
     assert [m.key for m in store.entries("det")] == ["key3", "key2"]  # older keys pruned to `keep`
     assert store.read_plan("det", "key3") == b"plan-3"
-    assert not (store.model_dir("det") / "key0.plan").exists()
+    sha = {i: hashlib.sha256(f"plan-{i}".encode()).hexdigest()[:12] for i in range(4)}
+    assert not (store.model_dir("det") / f"key0-{sha[0]}.plan").exists()
+    # Each plan is named by its key and content hash; the manifest of the key points at it.
     assert sorted(p.name for p in store.model_dir("det").iterdir()) == [
+        f"key2-{sha[2]}.plan",
         "key2.json",
-        "key2.plan",
+        f"key3-{sha[3]}.plan",
         "key3.json",
-        "key3.plan",
     ]
+    assert store.plan_path("det", "key3") == store.model_dir("det") / f"key3-{sha[3]}.plan"
     # A plan without manifest is invisible; a bad manifest is reported, not listed.
     (store.model_dir("det") / "orphan.plan").write_bytes(b"x")
     (store.model_dir("det") / "bad.json").write_text("{}")

@@ -182,7 +182,8 @@ def test_tensorrt_backend_refused_plan(tmp_path):
         Manifest(m.fingerprint, {**m.build, "plan_sha256": hashlib.sha256(plan).hexdigest()}),
     )
     with pytest.raises(
-        BackendError, match=r"TensorRT refused .*k\.plan: Serialization assertion magicTag failed"
+        BackendError,
+        match=r"TensorRT refused .*/k-[0-9a-f]{12}\.plan: Serialization assertion magicTag failed",
     ):
         TensorRTBackend(store, "det", "k", api=api, fingerprint=gpu_fp(api)).load()
 
