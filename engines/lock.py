@@ -54,8 +54,12 @@ class BuildLock:
                         pid,
                     ) from None
                 time.sleep(self.POLL_S)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:  # a full disk: give the lock back rather than hold it with a leaked fd
+            os.close(fd)
+            raise StoreError(f"cannot write build lock {self.path}: {e.strerror}") from e
         self._fd = fd
 
     def release(self) -> None:
