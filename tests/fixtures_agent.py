@@ -17,6 +17,16 @@ from fixtures_mqtt import Message, Subscriber
 REPO = Path(__file__).resolve().parents[1]
 
 
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll `cond` every 10 ms until it holds or `timeout` passes; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
 class AgentProcess:
     def __init__(self, config: Path, log: Path) -> None:
         self.log = log

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures_agent import wait_until
 from fixtures_mqtt import Broker, Subscriber
 
 from agent.mqtt import MqttClient, MqttError, read_password_file
@@ -30,15 +31,6 @@ def body(msg: tuple[str, bytes, bool]) -> dict[str, Any]:
 
 def on(topic: str) -> Callable[[list[tuple[str, bytes, bool]]], list[tuple[str, bytes, bool]]]:
     return lambda msgs: [m for m in msgs if m[0] == topic]
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from fixtures_agent import wait_until
 
 from engines.runtimes.ort import OrtBackend
 from pipelines.frames import Frame
@@ -173,15 +173,6 @@ class Rig:
             t.join(2)
 
 
-def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
 @pytest.mark.slow
 def test_swap_every_50ms_under_load(images: list[np.ndarray]) -> None:
     """4 cameras, worker running, a freshly loaded backend swapped in every 50 ms for 10 s."""
@@ -190,7 +181,7 @@ def test_swap_every_50ms_under_load(images: list[np.ndarray]) -> None:
     backends: list[TrackedOrtBackend] = [first]
     rig.worker.start()
     rig.feed()
-    assert _wait_for(lambda: rig.worker.batches >= 2), "no batch before the swapping started"
+    assert wait_until(lambda: rig.worker.batches >= 2), "no batch before the swapping started"
 
     swap_times: list[float] = []
 
@@ -211,7 +202,7 @@ def test_swap_every_50ms_under_load(images: list[np.ndarray]) -> None:
     ended = time.monotonic()
     last = backends[-1]
     # The worker takes the newest backend at the top of its next batch.
-    assert _wait_for(lambda: rig.worker.backend is last), "the newest backend never came to serve"
+    assert wait_until(lambda: rig.worker.backend is last), "the newest backend never came to serve"
     batches_in_swap = rig.worker.batches
 
     # Serving: only the newest backend is open; each other one was closed exactly once, never in use.
@@ -269,18 +260,24 @@ def test_old_pattern_close_during_batch_is_detected(images: list[np.ndarray]) ->
     """What the daemon used to do (close the old backend right after the swap, while a batch still runs on
     it) fails that batch, and the recorder flags it: the stress test's checks can fail."""
     slow = _loaded(SlowOrtBackend)
+    rig = _in_slow_batch(slow, images)
+    slow.close()  # the old Agent._swap_backend: old = swap(new); old.close() -- mid-batch
+    slow.release.set()
+    assert wait_until(lambda: bool(rig.errors))
+    rig.worker.stop(timeout=5.0)
+    rig.worker.close_backends()
+    assert slow.closed_while_in_use == 1
+    assert rig.worker.batches == 0
+
+
+def _in_slow_batch(slow: SlowOrtBackend, images: list[np.ndarray]) -> Rig:
+    """A running worker whose first batch (one frame per camera) is held inside `slow`'s inference."""
     rig = Rig(slow, images)
     rig.worker.start()
     for i, cam in enumerate(CAMERAS):
         rig.put(cam, i)
     assert slow.entered.wait(5)
-    slow.close()  # the old Agent._swap_backend: old = swap(new); old.close() -- mid-batch
-    slow.release.set()
-    assert _wait_for(lambda: bool(rig.errors))
-    rig.worker.stop(timeout=5.0)
-    rig.worker.close_backends()
-    assert slow.closed_while_in_use == 1
-    assert rig.worker.batches == 0
+    return rig
 
 
 def test_swap_during_batch_waits_for_it(images: list[np.ndarray]) -> None:
@@ -288,20 +285,16 @@ def test_swap_during_batch_waits_for_it(images: list[np.ndarray]) -> None:
     only afterwards; the next batch runs on the new one."""
     slow = _loaded(SlowOrtBackend)
     new = _loaded()
-    rig = Rig(slow, images)
-    rig.worker.start()
-    for i, cam in enumerate(CAMERAS):
-        rig.put(cam, i)
-    assert slow.entered.wait(5)
+    rig = _in_slow_batch(slow, images)
     assert rig.worker.swap_backend(new) is None
     assert rig.worker.backend is slow  # still serving the running batch
     time.sleep(0.1)
     assert slow.close_calls == 0
     slow.release.set()
-    assert _wait_for(lambda: rig.worker.batches >= 1)
+    assert wait_until(lambda: rig.worker.batches >= 1)
     for i, cam in enumerate(CAMERAS):
         rig.put(cam, 10 + i)
-    assert _wait_for(lambda: len(rig.results) == 8)
+    assert wait_until(lambda: len(rig.results) == 8)
     assert rig.worker.stop(timeout=5.0)
     assert rig.worker.close_backends()
     assert not rig.errors
@@ -350,18 +343,14 @@ def test_close_backends_leaves_a_backend_in_use(images: list[np.ndarray]) -> Non
     (and logs), and closes it once the thread has ended."""
     slow = _loaded(SlowOrtBackend)
     pending = _loaded()
-    rig = Rig(slow, images)
-    rig.worker.start()
-    for i, cam in enumerate(CAMERAS):
-        rig.put(cam, i)
-    assert slow.entered.wait(5)
+    rig = _in_slow_batch(slow, images)
     rig.worker.swap_backend(pending)
     assert rig.worker.stop(timeout=0.2) is False  # stuck in a batch
     assert pending.close_calls == 1  # never served: safe to close even now
     assert rig.worker.close_backends() is False
     assert slow.close_calls == 0
     slow.release.set()
-    assert _wait_for(lambda: not rig.worker.running)
+    assert wait_until(lambda: not rig.worker.running)
     assert rig.worker.close_backends() is True
     assert (slow.close_calls, slow.closed_while_in_use) == (1, 0)
     assert not rig.errors and rig.worker.batches == 1

@@ -349,6 +349,21 @@ def _capture_live(
     return [n for n, c in counts.items() if c]
 
 
+def frames_to_capture(ctx: ModelContext, calibration: bool) -> tuple[int, int] | None:
+    """(samples, held_out) a job must capture first, or None when the stored set serves.
+
+    The gate needs held-out frames only; INT8 (`calibration`) needs calibration frames too, so a
+    held-out-only set is replaced by a full one."""
+    try:
+        cset = load_calibration_set(ctx)
+        if not calibration or cset.calibration_paths:
+            return None
+    except CalibrationError:
+        pass  # none yet (or unreadable): capture one
+    samples = ctx.cfg.calibration.samples
+    return (samples if calibration else 0), default_held_out(samples)
+
+
 def _check_counts(model: str, samples: int, held_out: int) -> None:
     if samples < 0:
         raise CalibrationError(f"model {model}: samples must be >= 0, got {samples}")

@@ -20,7 +20,7 @@ from agent.config import AgentConfig, ConfigError
 from agent.lifecycle.calibration import (
     CalibrationError,
     capture_calibration_set,
-    default_held_out,
+    frames_to_capture,
     load_calibration_set,
 )
 from agent.lifecycle.gate import format_report, run_gate, write_report
@@ -113,21 +113,13 @@ class _Progress:
 
 def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> None:
     """The frames the gate (and INT8) need: captured from the cameras or folder when missing."""
-    try:
-        cset = load_calibration_set(ctx)
-        if not calibration or cset.calibration_paths:
-            return
-    except CalibrationError:
-        pass
-    samples = ctx.cfg.calibration.samples if calibration else 0
+    counts = frames_to_capture(ctx, calibration)
+    if counts is None:
+        return
     what = "calibration + held-out" if calibration else "held-out (gate)"
     print(f"{ctx.name}: capturing {what} frames", file=sys.stderr)
     capture_calibration_set(
-        cfg,
-        ctx.name,
-        samples=samples,
-        held_out=default_held_out(ctx.cfg.calibration.samples),
-        progress=sys.stderr.isatty(),
+        cfg, ctx.name, samples=counts[0], held_out=counts[1], progress=sys.stderr.isatty()
     )
 
 

@@ -91,15 +91,26 @@ def _cached(meta_path: Path, want: dict[str, Any], onnx_path: Path) -> dict[str,
     return meta["info"]
 
 
-def _int8_inputs(
+PERCENTILE = 99.99  # the percentile method's clip point (engines.quantize's default)
+
+
+def _candidate_spec(
     ctx: ModelContext,
+    precision: str,
     cset: CalibrationSet,
     method: str,
     exclude_nodes: list[str] | None,
     percentile: float,
     fold: bool,
-) -> dict[str, Any]:
-    return {
+) -> tuple[Path, dict[str, Any]]:
+    """Where a derived graph lives and the inputs it is cached against (fp16 or int8)."""
+    models = cset.directory / "models"
+    if precision == "fp16":
+        return models / "fp16.onnx", {"source_sha256": sha256_of(ctx.cfg.onnx)}
+    if precision != "int8":
+        raise ConfigError(f"models.{ctx.name}.precision: {precision!r} is not fp32, fp16 or int8")
+    path = models / f"int8-{method}{'-folded' if fold else ''}.onnx"
+    return path, {
         "source_sha256": sha256_of(ctx.cfg.onnx),
         "calibration_id": cset.id,
         "method": method,
@@ -110,23 +121,14 @@ def _int8_inputs(
     }
 
 
-def _int8_path(cset: CalibrationSet, method: str, fold: bool) -> Path:
-    return cset.directory / "models" / f"int8-{method}{'-folded' if fold else ''}.onnx"
-
-
 def cached_candidate(
     ctx: ModelContext, step: Step, cset: CalibrationSet, method: str | None = None
 ) -> Path | None:
     """The graph a step's engine is built from when it already exists intact (never makes one)."""
     if step.precision == "fp32":
         return ctx.cfg.onnx
-    if step.precision == "fp16":
-        path = cset.directory / "models" / "fp16.onnx"
-        want: dict[str, Any] = {"source_sha256": sha256_of(ctx.cfg.onnx)}
-    else:
-        method = method or ctx.cfg.calibration.method
-        path = _int8_path(cset, method, step.folded)
-        want = _int8_inputs(ctx, cset, method, None, 99.99, step.folded)
+    method = method or ctx.cfg.calibration.method
+    path, want = _candidate_spec(ctx, step.precision, cset, method, None, PERCENTILE, step.folded)
     return path if _cached(path.with_suffix(".json"), want, path) is not None else None
 
 
@@ -136,7 +138,7 @@ def candidate_model(
     cset: CalibrationSet,
     method: str | None = None,
     exclude_nodes: list[str] | None = None,
-    percentile: float = 99.99,
+    percentile: float = PERCENTILE,
     adapter: ModelAdapter | None = None,
     fold: bool = False,
 ) -> Candidate:
@@ -145,42 +147,32 @@ def candidate_model(
     fp32: the configured ONNX. fp16: engines.precision.convert_fp16. int8: engines.quantize Q/DQ,
     calibrated on the calibration split only.
     """
-    mcfg, model = ctx.cfg, ctx.name
+    mcfg = ctx.cfg
     if precision == "fp32":
         return Candidate("fp32", None, mcfg.onnx, {})
-    src_sha = sha256_of(mcfg.onnx)
-    out_dir = cset.directory / "models"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if precision == "fp16":
-        path = out_dir / "fp16.onnx"
-        want: dict[str, Any] = {"source_sha256": src_sha}
-        info = _cached(path.with_suffix(".json"), want, path)
-        if info is None:
-            atomic_write_bytes(path, convert_fp16(mcfg.onnx))
-            info = {"sha256": sha256_of(path)}
-            _write_json(path.with_suffix(".json"), {"inputs": want, "info": info})
-        return Candidate("fp16", None, path, info)
-    if precision != "int8":
-        raise ConfigError(f"models.{model}.precision: {precision!r} is not fp32, fp16 or int8")
     method = method or mcfg.calibration.method
-    path = _int8_path(cset, method, fold)
-    want = _int8_inputs(ctx, cset, method, exclude_nodes, percentile, fold)
+    path, want = _candidate_spec(ctx, precision, cset, method, exclude_nodes, percentile, fold)
     info = _cached(path.with_suffix(".json"), want, path)
-    if info is None:
-        adapter = adapter or model_adapter(ctx)
+    if info is not None:
+        return Candidate(precision, method if precision == "int8" else None, path, info)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if precision == "fp16":
+        atomic_write_bytes(path, convert_fp16(mcfg.onnx))
+        info = {"sha256": sha256_of(path)}
+    else:
         t0 = time.monotonic()
         info = make_qdq_onnx(
             mcfg.onnx,
             path,
-            calibration_batches(cset, adapter),
+            calibration_batches(cset, adapter or model_adapter(ctx)),
             method,  # type: ignore[arg-type]
             exclude_nodes,
             percentile,
             fold=fold,
         )
         info["quantize_s"] = round(time.monotonic() - t0, 2)
-        _write_json(path.with_suffix(".json"), {"inputs": want, "info": info})
-    return Candidate("int8", method, path, info)
+    _write_json(path.with_suffix(".json"), {"inputs": want, "info": info})
+    return Candidate(precision, method if precision == "int8" else None, path, info)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -337,7 +329,7 @@ class Gate:
         *,
         method: str | None = None,
         exclude_nodes: list[str] | None = None,
-        percentile: float = 99.99,
+        percentile: float = PERCENTILE,
         score_threshold: float | None = None,
         min_agreement: float | None = None,
         candidate_slack: float = CANDIDATE_SLACK,
@@ -414,7 +406,7 @@ def run_gate(
     *,
     method: str | None = None,
     exclude_nodes: list[str] | None = None,
-    percentile: float = 99.99,
+    percentile: float = PERCENTILE,
     score_threshold: float | None = None,
     min_agreement: float | None = None,
     candidate_slack: float = CANDIDATE_SLACK,

@@ -139,7 +139,8 @@ def resolved_settings(ctx: ModelContext, api: TrtApi) -> tuple[BuildSettings | N
     """Settings of the engine the last job chose for the configured precision (read-only: `check` and
     daemon start never quantise or convert). (None, None, why) when the job has to run first."""
     requested = ctx.cfg.precision
-    if not needs_gate(plan_steps(requested, api)):
+    steps = plan_steps(requested, api)
+    if not needs_gate(steps):
         return ctx.build_settings("fp32"), None, ""
     try:
         cset = load_calibration_set(ctx)
@@ -153,7 +154,14 @@ def resolved_settings(ctx: ModelContext, api: TrtApi) -> tuple[BuildSettings | N
     if report is None or report.calibration_id != cset.id:
         return None, None, f"precision {requested} not validated on the current calibration set yet"
     chosen = report.precision if report.passed else "fp32"
-    step = Step(chosen, folded=report.folded, calibrator=chosen == "int8" and not api.strongly_typed)
+    kept = [s for s in steps if s.precision == chosen and s.folded == report.folded]
+    if not kept:
+        return (
+            None,
+            None,
+            f"precision {requested}: the last gate kept {chosen}, which this TensorRT cannot build",
+        )
+    step = kept[0]
     try:
         return step_settings(ctx, step, cset, report.method), report, ""
     except CalibrationError as exc:

@@ -28,9 +28,9 @@ from agent.config import AgentConfig
 from agent.lifecycle.calibration import (
     CalibrationError,
     FrameTap,
+    capture_calibration_set,
     capture_from_frames,
-    default_held_out,
-    load_calibration_set,
+    frames_to_capture,
 )
 from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_job
 from agent.lifecycle.model import ModelContext
@@ -253,21 +253,21 @@ class EngineManager:
         return JobResult.from_event(job.wait())
 
     def _ensure_frames(self, me: ModelEngine, calibration: bool) -> None:
-        """The frames the gate (and INT8) need, from the model's running pipeline when missing."""
+        """The frames the gate (and INT8) need when missing: from the model's running pipeline (its
+        cameras are never opened a second time), or from its configured folder."""
+        counts = frames_to_capture(me.ctx, calibration)
+        if counts is None:
+            return
+        samples, held_out = counts
         cal = me.ctx.cfg.calibration
-        try:
-            cset = load_calibration_set(me.ctx)
-            if not calibration or cset.calibration_paths:
-                return
-        except CalibrationError:
-            pass
+        if cal.source == "folder":
+            capture_calibration_set(self.cfg, me.name, samples=samples, held_out=held_out, progress=False)
+            return
         tap = self._frames_for(me.name)
-        if tap is None or cal.source == "folder":
+        if tap is None:
             raise CalibrationError(
                 f"model {me.name}: no calibration set; run edge-agent calibrate --model {me.name}"
             )
-        samples = cal.samples if calibration else 0
-        held_out = default_held_out(cal.samples)
         total = samples + held_out
         cams = max(1, sum(1 for c in self.cfg.cameras.values() if c.model == me.name and c.enabled))
         timeout = 60.0 + 3.0 * total / cams * cal.interval_s
