@@ -103,6 +103,8 @@ class ModelConfig(_Strict):
     accuracy_gate: AccuracyGateConfig = AccuracyGateConfig()
     iou_threshold: float = Field(0.5, gt=0.0, le=1.0)
     threads: ThreadsConfig = ThreadsConfig()
+    # TensorRT execution contexts, each with its own CUDA stream, optimisation profile and buffers.
+    streams: int = Field(2, ge=1, le=16)
     engine: EngineConfig = EngineConfig()
     # Explicit TensorRT optimisation profiles, one mapping {input name: {min, opt, max}} each; without
     # them one profile is derived from the ONNX shapes and `batch`.

@@ -250,6 +250,8 @@ class Agent:
 
     def _telemetry_sink(self, result: Result) -> None:
         lat = stage_latencies_ms(result.frame)
+        if result.gpu_ms is not None:
+            lat["gpu"] = result.gpu_ms  # the batch's device time, for each of its frames
         self.stages.add_many(lat)
         cam = self.cameras.get(result.frame.camera)
         if cam is not None:

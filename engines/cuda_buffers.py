@@ -14,6 +14,7 @@ Anything with `.ptr`, `.nbytes`, `copy_from_host(array)` and `free()` can stand 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 from collections.abc import Callable
 from types import ModuleType
@@ -141,3 +142,105 @@ def cuda_allocator() -> Allocator:
     """An Allocator backed by cudaMalloc (imports cuda-python now: fails early and clearly)."""
     cudart = import_cudart()
     return lambda nbytes: DeviceBuffer(nbytes, cudart)
+
+
+# ---- streams, events, pinned host memory (TensorRT execution slots) -----------------------------
+
+
+class Stream:
+    """A non-blocking CUDA stream; `handle` is what TensorRT's execute_async_v3 takes."""
+
+    def __init__(self, cudart: ModuleType | None = None) -> None:
+        self._rt = cudart or import_cudart()
+        self._stream: Any = cuda_call(
+            self._rt,
+            "cudaStreamCreateWithFlags",
+            self._rt.cudaStreamCreateWithFlags(self._rt.cudaStreamNonBlocking),
+        )
+
+    @property
+    def raw(self) -> Any:
+        """The cuda-python stream object (for cudaMemcpyAsync / cudaEventRecord)."""
+        if self._stream is None:
+            raise CudaError("CUDA stream used after destroy()")
+        return self._stream
+
+    @property
+    def handle(self) -> int:
+        return int(self.raw)
+
+    def synchronize(self) -> None:
+        cuda_call(self._rt, "cudaStreamSynchronize", self._rt.cudaStreamSynchronize(self.raw))
+
+    def destroy(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            cuda_call(self._rt, "cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
+
+
+class Event:
+    """A CUDA event with timing: record on a stream, wait for it, read the ms between two events."""
+
+    def __init__(self, cudart: ModuleType | None = None) -> None:
+        self._rt = cudart or import_cudart()
+        self._event: Any = cuda_call(self._rt, "cudaEventCreate", self._rt.cudaEventCreate())
+
+    def record(self, stream: Stream) -> None:
+        cuda_call(self._rt, "cudaEventRecord", self._rt.cudaEventRecord(self._event, stream.raw))
+
+    def synchronize(self) -> None:
+        cuda_call(self._rt, "cudaEventSynchronize", self._rt.cudaEventSynchronize(self._event))
+
+    def ms_since(self, start: Event) -> float:
+        """Device time from `start` to this event (both recorded and completed)."""
+        return float(
+            cuda_call(
+                self._rt, "cudaEventElapsedTime", self._rt.cudaEventElapsedTime(start._event, self._event)
+            )
+        )
+
+    def destroy(self) -> None:
+        if self._event is not None:
+            event, self._event = self._event, None
+            cuda_call(self._rt, "cudaEventDestroy", self._rt.cudaEventDestroy(event))
+
+
+class PinnedBuffer:
+    """Page-locked host memory (cudaMallocHost) with a numpy view, so async copies really are async."""
+
+    def __init__(self, nbytes: int, cudart: ModuleType | None = None) -> None:
+        self._rt = cudart or import_cudart()
+        self.nbytes = int(nbytes)
+        self.ptr: int = int(
+            cuda_call(self._rt, f"cudaMallocHost({self.nbytes})", self._rt.cudaMallocHost(self.nbytes))
+        )
+        self.array = np.ctypeslib.as_array(
+            ctypes.cast(self.ptr, ctypes.POINTER(ctypes.c_uint8)), (self.nbytes,)
+        )
+
+    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The first bytes of the buffer as an array of `shape` (CudaError when it does not fit)."""
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if n > self.nbytes:
+            raise CudaError(
+                f"{shape} {np.dtype(dtype)} ({n} bytes) does not fit the {self.nbytes}-byte pinned buffer"
+            )
+        return self.array[:n].view(dtype).reshape(shape)
+
+    def free(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self.array = np.empty(0, dtype=np.uint8)
+            cuda_call(self._rt, "cudaFreeHost", self._rt.cudaFreeHost(ptr))
+
+
+def memcpy_async(
+    cudart: ModuleType, dst: int, src: int, nbytes: int, to_device: bool, stream: Stream
+) -> None:
+    kind = (
+        cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        if to_device
+        else cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+    )
+    what = "cudaMemcpyAsync(host -> device)" if to_device else "cudaMemcpyAsync(device -> host)"
+    cuda_call(cudart, what, cudart.cudaMemcpyAsync(dst, src, nbytes, kind, stream.raw))

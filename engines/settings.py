@@ -71,6 +71,9 @@ class BuildSettings:
     int8_keep_layers: tuple[str, ...] = DEFAULT_INT8_KEEP_LAYERS
     int8_keep_precision: str = "fp16"  # fp16 | fp32: what the kept layers run in
     precision_constraints: str = "prefer"  # prefer | obey (obey fails the build if no kernel fits)
+    # Execution contexts the runtime runs concurrently (models.M.streams): TensorRT wants one optimisation
+    # profile per concurrent context, so the profile set is built once per context.
+    contexts: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "onnx", Path(self.onnx))
@@ -98,6 +101,8 @@ class BuildSettings:
         bmin, bopt, bmax = self.batch
         if not 1 <= bmin <= bopt <= bmax:
             raise ValueError(f"batch must satisfy 1 <= min <= opt <= max, got {self.batch}")
+        if self.contexts < 1:
+            raise ValueError(f"contexts must be >= 1, got {self.contexts}")
         if not 0 <= self.optimization_level <= 5:
             raise ValueError(f"optimization_level must be 0..5, got {self.optimization_level}")
 
@@ -120,6 +125,7 @@ class BuildSettings:
             "int8_keep_layers": list(self.int8_keep_layers),
             "int8_keep_precision": self.int8_keep_precision,
             "precision_constraints": self.precision_constraints,
+            "contexts": self.contexts,
         }
 
     @classmethod
@@ -140,6 +146,7 @@ class BuildSettings:
             int8_keep_layers=tuple(d.get("int8_keep_layers", DEFAULT_INT8_KEEP_LAYERS)),
             int8_keep_precision=d.get("int8_keep_precision", "fp16"),
             precision_constraints=d.get("precision_constraints", "prefer"),
+            contexts=int(d.get("contexts", 1)),
         )
 
 
@@ -190,6 +197,12 @@ def onnx_input_shapes(path: Path) -> dict[str, tuple[int | None, ...]]:
 
 
 def resolve_profiles(settings: BuildSettings, inputs: dict[str, tuple[int | None, ...]]) -> list[Profile]:
+    """The engine's profiles: the profile set (explicit, or derived from the ONNX shapes and `batch`) once
+    per execution context, context i owning profiles [i * n, (i + 1) * n)."""
+    return _profile_set(settings, inputs) * settings.contexts
+
+
+def _profile_set(settings: BuildSettings, inputs: dict[str, tuple[int | None, ...]]) -> list[Profile]:
     if settings.profiles is not None:
         return [_check_profile(p, inputs, i) for i, p in enumerate(settings.profiles)]
     profile: Profile = {}

@@ -38,6 +38,7 @@ class Result:
     backend: str
     precision: str
     batch_size: int
+    gpu_ms: float | None = None  # device time of the batch, where the backend measures it (TensorRT)
 
 
 Sink = Callable[[Result], None]
@@ -297,6 +298,7 @@ class ModelWorker:
                 backend=backend.name,
                 precision=backend.precision,
                 batch_size=len(frames),
+                gpu_ms=backend.last_gpu_ms,
             )
             for sink in self._sinks:
                 try:

@@ -62,7 +62,8 @@ def test_two_profiles_from_config_are_built_and_recorded(tmp_path: Path) -> None
     result = build(store, "dyn", settings, fingerprint=fp, api=api)
     assert result.built
     manifest = json.loads(store.manifest_path("dyn", result.key).read_text())
-    assert manifest["build"]["profiles"] == [{"images": small}, {"images": large}]
+    # The profile set once per execution context (models.M.streams, default 2).
+    assert manifest["build"]["profiles"] == [{"images": small}, {"images": large}] * 2
     assert check(store, "dyn", settings, fp).ok
     # Another profile set is another engine: the check says why.
     one_profile = ctx.cfg.model_copy(update={"profiles": ctx.cfg.profiles[:1]})

@@ -143,17 +143,20 @@ def test_non_rtx_tensorrt_needs_a_gpu_to_build(tmp_path):
 def test_tensorrt_backend_load_with_fake(tmp_path):
     mod = fake_tensorrt.make("10.3.0")
     api, store, result, _, _ = fake_build(tmp_path, mod)
+    # What the backend describes of the engine (the fake's IO).
+    _, engine = api.deserialize(store.read_plan("det", result.key), api.logger())
+    io = {t.name: t for t in api.io_tensors(engine)}
+    assert io["images"].is_input and io["images"].shape == (-1, 3, 416, 416)
+    assert io["images"].profile is not None and io["images"].profile[2] == (8, 3, 416, 416)
+    assert [(n, t.dtype) for n, t in io.items() if not t.is_input] == [
+        ("scores", np.float32),
+        ("boxes", np.float16),
+    ]
+    # The execution slots need cuda-python and a GPU: here load() says so, naming the plan.
     backend = TensorRTBackend(store, "det", result.key, api=api, fingerprint=gpu_fp(api))
-    with backend:
-        assert backend.input_spec.name == "images" and backend.input_spec.shape == (None, 3, 416, 416)
-        assert backend.input_spec.dtype == np.float32
-        assert [(s.name, s.dtype) for s in backend.output_specs] == [
-            ("scores", np.float32),
-            ("boxes", np.float16),
-        ]
-        assert backend.max_batch == 8  # from the profile's max shape
-        with pytest.raises(NotImplementedError, match="multi-stream"):
-            backend.infer(np.zeros((1, 3, 416, 416), np.float32))
+    with pytest.raises(BackendError, match=r"cannot set up execution for .*\.plan: .*cuda-python"):
+        backend.load()
+    assert not backend.loaded
 
     with pytest.raises(BackendError, match=r"tensorrt: cannot load .*\.plan: no CUDA GPU is visible"):
         TensorRTBackend(store, "det", result.key, api=api, fingerprint=gpu_fp(api, gpu=None)).load()

@@ -179,3 +179,20 @@ def test_wait_is_honoured_for_gated_precisions(tmp_path: Path) -> None:
     assert released.is_set()
     assert waited.returncode == 0, waited.stderr
     assert "fp16 -> fp16" in waited.stdout
+
+
+def test_streams_build_one_profile_set_per_context(tmp_path: Path) -> None:
+    from engines.settings import onnx_input_shapes, resolve_profiles
+
+    cfg = load_config(write_config(tmp_path, "fp32"))
+    ctx = ModelContext.from_config(cfg, "det")
+    assert ctx.cfg.streams == 2 and ctx.build_settings().contexts == 2
+    three = ModelContext("det", ctx.cfg.model_copy(update={"streams": 3}), ctx.engine_dir, 0.4)
+    profiles = resolve_profiles(three.build_settings(), onnx_input_shapes(ctx.cfg.onnx))
+    assert len(profiles) == 3 and profiles[0] == profiles[1] == profiles[2]
+    bad = write_config(tmp_path, "fp32")
+    data = yaml.safe_load(bad.read_text())
+    data["models"]["det"]["streams"] = 0
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"models\.det\.streams"):
+        load_config(bad)

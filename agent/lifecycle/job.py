@@ -216,11 +216,13 @@ class _Run:
         Written to the TensorRT docs, not run here: no GPU with TensorRT is available to this project."""
         if self.gate is None or not engine_runs_here(self.fp):
             return None
-        engine = TensorRTBackend(self.store, self.ctx.name, key, api=self.api, fingerprint=self.fp)
+        engine = TensorRTBackend(
+            self.store, self.ctx.name, key, api=self.api, fingerprint=self.fp, contexts=self.ctx.cfg.streams
+        )
         try:
             engine.load()
             return self.gate.evaluate(step, backend=engine)
-        except (BackendError, NotImplementedError) as exc:
+        except BackendError as exc:
             log.warning(
                 "model %s: engine %s not evaluated here (%s); the graph gate stands", self.ctx.name, key, exc
             )

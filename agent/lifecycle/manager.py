@@ -310,12 +310,17 @@ class EngineManager:
         manifest = self.store.manifest(me.name, key)
         plan_sha = manifest.build.get("plan_sha256") if manifest else None
         engine = TensorRTBackend(
-            self.store, me.name, key, api=me.target.api, fingerprint=me.target.fingerprint
+            self.store,
+            me.name,
+            key,
+            api=me.target.api,
+            fingerprint=me.target.fingerprint,
+            contexts=me.ctx.cfg.streams,
         )
         try:
             engine.load()
             warm_up(engine)  # an engine that cannot execute is never swapped in
-        except (BackendError, NotImplementedError) as exc:
+        except BackendError as exc:
             engine.close()
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
             precision = manifest.build.get("precision") if manifest else None

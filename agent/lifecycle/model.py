@@ -75,6 +75,7 @@ class ModelContext:
             optimization_level=cfg.engine.optimization_level,
             dla_core=cfg.engine.dla_core,
             target_compute_capability=cfg.engine.target_compute_capability,
+            contexts=cfg.streams,
             profiles=None
             if cfg.profiles is None
             else tuple(profiles_from_json([{k: v.model_dump() for k, v in p.items()} for p in cfg.profiles])),

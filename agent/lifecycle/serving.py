@@ -69,6 +69,4 @@ def engine_runs_here(fp: Fingerprint) -> bool:
 
 def warm_up(backend: Backend) -> None:
     """One inference on zeros at the smallest profile shape: proves the engine executes here."""
-    spec = backend.input_spec
-    shape = tuple(1 if d is None else d for d in spec.shape)
-    backend.infer(np.zeros(shape, dtype=spec.dtype))
+    backend.infer(np.zeros(backend.warmup_shape, dtype=backend.input_spec.dtype))

@@ -36,6 +36,7 @@ class Backend(ABC):
     def __init__(self, precision: str = "fp32") -> None:
         self.precision = precision
         self._loaded = False
+        self.last_gpu_ms: float | None = None  # device time of the last batch, where the runtime measures it
 
     @property
     def loaded(self) -> bool:
@@ -78,6 +79,11 @@ class Backend(ABC):
     @property
     @abstractmethod
     def max_batch(self) -> int: ...
+
+    @property
+    def warmup_shape(self) -> tuple[int, ...]:
+        """The smallest input shape the model takes (dynamic dims as 1)."""
+        return tuple(1 if d is None else d for d in self.input_spec.shape)
 
     @abstractmethod
     def _load_impl(self) -> None: ...

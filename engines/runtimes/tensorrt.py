@@ -1,26 +1,31 @@
-"""TensorRT / TensorRT-RTX runtime: load a stored plan (sha256 verified), describe its IO tensors.
+"""TensorRT / TensorRT-RTX runtime: load a stored plan (sha256 verified), run it on execution slots.
 
-    backend = TensorRTBackend(store, "detector", check_result.key)   # key from engines.compat.check
-    backend.load()       # BackendError when no GPU, plan corrupt, or TensorRT refuses the plan
-    backend.input_spec, backend.output_specs, backend.max_batch
+    backend = TensorRTBackend(store, "detector", check_result.key, contexts=2)
+    backend.load()       # BackendError naming the plan: no GPU, corrupt, refused, out of memory
+    backend.infer(batch) # any thread; slots (engines.runtimes.slots) overlap on their own streams
+    backend.last_gpu_ms  # device time of the last batch (CUDA events)
 
-Written to the TensorRT docs (Runtime.deserialize_cuda_engine, num_io_tensors / get_tensor_name /
-get_tensor_mode / get_tensor_shape / get_tensor_profile_shape, create_execution_context); it cannot
-run on this project's CI (no supported GPU), where only the "no GPU" refusal and the logic around
-TensorRT (with tests/fake_tensorrt.py) are exercised. Execution arrives with the multi-stream work.
+Written to the TensorRT docs (Runtime.deserialize_cuda_engine, the tensor IO API); TensorRT cannot run
+on this project's CI (no supported GPU). There the "no GPU" refusal, the logic around TensorRT
+(tests/fake_tensorrt.py) and the attributes used (against the real tensorrt_rtx module) are tested; the
+slots run on a GPU with a `fake_` engine (tests/test_slots_gpu.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
 from engines.runtimes.base import Backend, BackendError, TensorSpec
+from engines.runtimes.slots import IoSpec, SlotPool
 from engines.store import EngineStore
 from engines.trt_api import IoTensor, TrtApi, import_trt
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
 
 
 class TensorRTBackend(Backend):
@@ -35,6 +40,7 @@ class TensorRTBackend(Backend):
         api: TrtApi | None = None,
         fingerprint: Fingerprint | None = None,
         precision: str | None = None,
+        contexts: int = 1,
     ) -> None:
         if precision is None:
             try:
@@ -46,9 +52,10 @@ class TensorRTBackend(Backend):
         self.store, self.model, self.key = store, model, key
         self._api = api
         self._fingerprint = fingerprint
-        self._runtime: Any = None
-        self._engine: Any = None
-        self._context: Any = None
+        self._runtime: trt.Runtime | None = None
+        self._engine: trt.ICudaEngine | None = None
+        self._contexts = contexts
+        self._pool: SlotPool | None = None
         self._io: list[IoTensor] = []
 
     @property
@@ -73,16 +80,11 @@ class TensorRTBackend(Backend):
         except EngineError as e:
             raise BackendError(f"{api.flavor}: {e}") from e
         logger = api.logger()
-        runtime, engine = api.deserialize(plan, logger)
+        # TrtApi wraps whichever module is installed (untyped); the TensorRT API is typed from here on.
+        runtime, engine = cast("tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger))
         if engine is None:
             raise BackendError(
                 f"{api.flavor}: TensorRT refused {self.plan_path}: "
-                + ("; ".join(logger.errors) or "no reason given")
-            )
-        context = engine.create_execution_context()
-        if context is None:
-            raise BackendError(
-                f"{api.flavor}: cannot create an execution context for {self.plan_path}: "
                 + ("; ".join(logger.errors) or "no reason given")
             )
         io = api.io_tensors(engine)
@@ -92,11 +94,21 @@ class TensorRTBackend(Backend):
                 f"{api.flavor}: {self.plan_path} has inputs "
                 f"{[(t.name, t.shape) for t in inputs]}; expected exactly one NCHW input"
             )
-        # The runtime objects keep each other alive in this order (runtime -> engine -> context).
-        self._runtime, self._engine, self._context, self._io = runtime, engine, context, io
+        specs = [
+            IoSpec(t.name, t.is_input, np.dtype(t.dtype)) for t in sorted(io, key=lambda t: not t.is_input)
+        ]
+        try:
+            pool = SlotPool.create(engine, specs, self._contexts, self.plan_path)
+        except EngineError as e:  # CUDA out of memory and friends, naming the call
+            raise BackendError(f"{api.flavor}: cannot set up execution for {self.plan_path}: {e}") from e
+        # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
+        self._runtime, self._engine, self._pool, self._io = runtime, engine, pool, io
 
     def _close_impl(self) -> None:
-        self._context = self._engine = self._runtime = None
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
+        self._engine = self._runtime = None
         self._io = []
 
     def _require(self) -> list[IoTensor]:
@@ -125,5 +137,15 @@ class TensorRTBackend(Backend):
         assert inp.profile is not None
         return int(inp.profile[2][0])
 
+    @property
+    def warmup_shape(self) -> tuple[int, ...]:
+        """The input's minimum shape in the first profile."""
+        inp = next(t for t in self._require() if t.is_input)
+        assert inp.profile is not None
+        return tuple(int(d) for d in inp.profile[0])
+
     def _infer_impl(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        raise NotImplementedError("execution arrives with the multi-stream work")
+        assert self._pool is not None
+        outputs = self._pool.run(batch)
+        self.last_gpu_ms = self._pool.last_gpu_ms
+        return outputs

@@ -1,0 +1,271 @@
+"""Execution slots: the contexts one TensorRT engine runs batches on, each with its own CUDA stream.
+
+    pool = SlotPool.create(engine, io, contexts=2, plan="/var/lib/.../det-1a2b.plan")
+    outputs, gpu_ms = pool.run(batch)      # any thread; waits for a free slot
+    pool.close()                            # waits for running batches, frees in reverse order
+
+A slot is one IExecutionContext with its own optimisation profiles (the builder builds the profile set
+once per context: slot i owns profiles [i * n, (i + 1) * n)), a non-blocking stream, two timing events,
+and pinned host + device buffers per IO tensor sized for the largest shapes of its profiles, all
+allocated once. A batch: pick the slot's profile that admits the shape (switch with
+set_optimization_profile_async when needed) -> set_input_shape -> copy into pinned memory -> async H2D ->
+execute_async_v3 -> async D2H of each output shaped by the context -> wait on the stream; the events
+give the device time. Tensor addresses are set once (again after a profile switch).
+
+Written to the TensorRT docs (tensor-address API, TensorRT >= 8.5 and TensorRT-RTX); TensorRT itself
+cannot run in this project's CI. The CUDA side and this control flow run on a GPU with a `fake_`
+engine whose execute_async_v3 launches a real kernel (tests/test_slots_gpu.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engines.cuda_buffers import (
+    CudaError,
+    DeviceBuffer,
+    Event,
+    PinnedBuffer,
+    Stream,
+    import_cudart,
+    memcpy_async,
+)
+from engines.runtimes.base import BackendError
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
+
+log = logging.getLogger(__name__)
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class IoSpec:
+    name: str
+    is_input: bool
+    dtype: np.dtype
+
+
+@dataclass
+class _Buffers:
+    spec: IoSpec
+    device: DeviceBuffer
+    host: PinnedBuffer
+
+
+def _fits(shape: Shape, lo: Shape, hi: Shape) -> bool:
+    return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi, strict=True))
+
+
+class ExecutionSlot:
+    def __init__(
+        self,
+        engine: trt.ICudaEngine,
+        io: list[IoSpec],
+        profiles: list[int],
+        plan: str,
+        cudart: ModuleType,
+    ) -> None:
+        self.plan, self._rt = plan, cudart
+        self._input = next(t for t in io if t.is_input)
+        self._outputs = [t for t in io if not t.is_input]
+        self._buffers: list[_Buffers] = []
+        self._events: list[Event] = []
+        self.stream: Stream | None = None
+        context = engine.create_execution_context()
+        if context is None:
+            raise BackendError(f"cannot create an execution context for {plan} (device out of memory?)")
+        self.context: trt.IExecutionContext = context
+        try:
+            self.stream = Stream(cudart)
+            self._events = [Event(cudart), Event(cudart)]
+            # (index, min, max) of the input per profile this slot owns.
+            self.profiles = [
+                (p, *self._min_max(engine.get_tensor_profile_shape(self._input.name, p))) for p in profiles
+            ]
+            self.active = -1
+            self._allocate()
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _min_max(shapes: list[trt.Dims]) -> tuple[Shape, Shape]:
+        # Dims iterates through __getitem__/__len__, which mypy does not count as iterable.
+        return tuple(shapes[0]), tuple(shapes[2])  # type: ignore[arg-type]
+
+    def _allocate(self) -> None:
+        """Buffers for the largest shapes of this slot's profiles (outputs as the context shapes them)."""
+        largest: dict[str, int] = {}
+        for index, _lo, hi in self.profiles:
+            self._select(index)
+            self._set_input_shape(hi)
+            shapes = {self._input.name: hi} | {o.name: self._output_shape(o) for o in self._outputs}
+            for t in [self._input, *self._outputs]:
+                n = int(np.prod(shapes[t.name])) * t.dtype.itemsize
+                largest[t.name] = max(largest.get(t.name, 0), n)
+        for t in [self._input, *self._outputs]:
+            nbytes = max(largest[t.name], 1)
+            device = DeviceBuffer(nbytes, self._rt)
+            try:
+                host = PinnedBuffer(nbytes, self._rt)
+            except BaseException:
+                device.free()  # not in self._buffers yet: close() would not see it
+                raise
+            self._buffers.append(_Buffers(t, device, host))
+        self._bind()
+
+    def _select(self, index: int) -> None:
+        assert self.stream is not None
+        if index != self.active:
+            if not self.context.set_optimization_profile_async(index, self.stream.handle):
+                raise BackendError(f"{self.plan}: cannot select optimisation profile {index}")
+            self.stream.synchronize()
+            self.active = index
+            if self._buffers:
+                self._bind()
+
+    def _bind(self) -> None:
+        for b in self._buffers:
+            if not self.context.set_tensor_address(b.spec.name, b.device.ptr):
+                raise BackendError(f"{self.plan}: cannot set the address of tensor {b.spec.name!r}")
+
+    def _set_input_shape(self, shape: Shape) -> None:
+        if not self.context.set_input_shape(self._input.name, shape):
+            raise BackendError(f"{self.plan}: input {self._input.name!r} refuses shape {list(shape)}")
+
+    def _output_shape(self, out: IoSpec) -> Shape:
+        shape: Shape = tuple(self.context.get_tensor_shape(out.name))  # type: ignore[arg-type]  # Dims
+        if any(d < 0 for d in shape):
+            raise BackendError(f"{self.plan}: output {out.name!r} has a data-dependent shape {list(shape)}")
+        return shape
+
+    def admits(self, shape: Shape) -> bool:
+        return any(_fits(shape, lo, hi) for _, lo, hi in self.profiles)
+
+    def run(self, batch: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
+        """One batch through this slot; returns the outputs (copies) and the device time in ms."""
+        assert self.stream is not None
+        shape = tuple(batch.shape)
+        index = next((p for p, lo, hi in self.profiles if _fits(shape, lo, hi)), None)
+        if index is None:
+            ranges = "; ".join(f"profile {p}: {list(lo)}..{list(hi)}" for p, lo, hi in self.profiles)
+            raise BackendError(f"{self.plan}: input shape {list(shape)} is outside every profile ({ranges})")
+        try:
+            self._select(index)
+            self._set_input_shape(shape)
+            inp, outs = self._buffers[0], self._buffers[1:]
+            host_in = inp.host.view(inp.spec.dtype, shape)
+            np.copyto(host_in, batch, casting="same_kind")
+            memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
+            start, end = self._events
+            start.record(self.stream)
+            if not self.context.execute_async_v3(self.stream.handle):
+                raise BackendError(f"{self.plan}: execute_async_v3 failed (see the TensorRT log)")
+            end.record(self.stream)
+            views = {}
+            for b in outs:
+                view = b.host.view(b.spec.dtype, self._output_shape(b.spec))
+                memcpy_async(self._rt, b.host.ptr, b.device.ptr, view.nbytes, False, self.stream)
+                views[b.spec.name] = view
+            self.stream.synchronize()
+            gpu_ms = end.ms_since(start)
+        except CudaError as exc:
+            raise BackendError(f"{self.plan}: {exc}") from exc
+        return {name: v.copy() for name, v in views.items()}, gpu_ms
+
+    def close(self) -> None:
+        """Free in reverse order of allocation; the context goes last (TensorRT frees it on release)."""
+        if self.stream is not None:
+            with contextlib.suppress(CudaError):
+                self.stream.synchronize()
+        for b in reversed(self._buffers):
+            b.host.free()
+            b.device.free()
+        self._buffers = []
+        for e in self._events:
+            e.destroy()
+        self._events = []
+        if self.stream is not None:
+            self.stream.destroy()
+            self.stream = None
+        self.context = None  # type: ignore[assignment]
+
+
+class SlotPool:
+    """The slots of one engine; `run` takes a free one (blocking), so callers on several threads overlap."""
+
+    def __init__(self, slots: list[ExecutionSlot]) -> None:
+        self.slots = slots
+        self.plan = slots[0].plan if slots else "?"
+        self._free: queue.Queue[ExecutionSlot | None] = queue.Queue()  # None: the pool is closed
+        for s in slots:
+            self._free.put(s)
+        self.last_gpu_ms: float | None = None
+
+    @classmethod
+    def create(
+        cls,
+        engine: trt.ICudaEngine,
+        io: list[IoSpec],
+        contexts: int,
+        plan: str,
+        cudart: ModuleType | None = None,
+    ) -> SlotPool:
+        """`contexts` slots owning equal shares of the engine's profiles (the builder made the profile set
+        once per context); an engine whose profiles do not split so runs on one slot, with a warning."""
+        rt = cudart or import_cudart()
+        total = engine.num_optimization_profiles
+        n = contexts if total % contexts == 0 else 1
+        if n < contexts:
+            log.warning(
+                "%s: %d profiles do not split over %d contexts; one execution slot", plan, total, contexts
+            )
+        per_slot = total // n
+        slots: list[ExecutionSlot] = []
+        try:
+            for i in range(n):
+                slots.append(
+                    ExecutionSlot(engine, io, list(range(i * per_slot, (i + 1) * per_slot)), plan, rt)
+                )
+        except BaseException:
+            for s in reversed(slots):
+                s.close()
+            raise
+        return cls(slots)
+
+    def admits(self, shape: Shape) -> bool:
+        return self.slots[0].admits(shape)
+
+    def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        slot = self._free.get()
+        if slot is None:  # closed: pass the word on to the next waiting caller
+            self._free.put(None)
+            raise BackendError(f"{self.plan}: execution slots used after close()")
+        try:
+            outputs, self.last_gpu_ms = slot.run(batch)
+        finally:
+            self._free.put(slot)
+        return outputs
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Wait for every slot to be free (no batch in flight), then free them in reverse order."""
+        taken = []
+        with contextlib.suppress(queue.Empty):
+            for _ in self.slots:
+                taken.append(self._free.get(timeout=timeout))
+        if len(taken) < len(self.slots):
+            log.error(
+                "closing %d slot(s) still running a batch after %.0f s", len(self.slots) - len(taken), timeout
+            )
+        for s in reversed(self.slots):
+            s.close()
+        self.slots = []
+        self._free.put(None)  # wakes callers blocked in run() (and later ones) with a BackendError
