@@ -118,6 +118,18 @@ class TrtApi:
     def _has(self, obj_name: str, attr: str) -> bool:
         return hasattr(getattr(self.mod, obj_name, None), attr)
 
+    def require_execution(self) -> None:
+        """UnavailableError unless engines can run through the tensor-address API (TensorRT >= 8.5,
+        JetPack >= 5.1; every TensorRT-RTX): set_tensor_address + execute_async_v3."""
+        if not (
+            self._has("IExecutionContext", "set_tensor_address")
+            and self._has("IExecutionContext", "execute_async_v3")
+        ):
+            raise UnavailableError(
+                f"{self.label} cannot run engines here: the agent needs the tensor-address API "
+                "(set_tensor_address, execute_async_v3) of TensorRT >= 8.5 (JetPack >= 5.1)"
+            )
+
     @property
     def weakly_typed(self) -> bool:
         """True where the builder chooses precisions from flags (FP16 flag exists: TensorRT <= 10)."""

@@ -212,3 +212,15 @@ def test_real_rtx_here(tmp_path):
     fp = Fingerprint(api.flavor, api.version, None, "8.6", None, None, None, None, "linux-x86_64")
     with pytest.raises(BackendError, match=r"tensorrt_rtx: cannot load .* no CUDA GPU is visible"):
         TensorRTBackend(EngineStore(tmp_path), "det", "0123", api=api, fingerprint=fp).load()
+
+
+def test_execution_needs_the_tensor_address_api():
+    """TensorRT < 8.5 (no IExecutionContext.set_tensor_address / execute_async_v3): a clear refusal that
+    `check` and the daemon report; TensorRT-RTX has the API."""
+    old = TrtApi(fake_tensorrt.make("8.4.3"))  # the fake module has no execution context API at all
+    with pytest.raises(
+        UnavailableError, match=r"TensorRT 8\.4\.3 cannot run engines here: .*TensorRT >= 8\.5"
+    ):
+        old.require_execution()
+    rtx = pytest.importorskip("tensorrt_rtx")
+    TrtApi(rtx).require_execution()

@@ -44,6 +44,7 @@ def engine_target(ctx: ModelContext) -> EngineTarget | OrtOnly:
         return OrtOnly("backend onnxruntime: no engine")
     try:
         api = import_trt(ctx.trt_flavor)
+        api.require_execution()
         fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
     except EngineError as exc:
         if cfg.backend != "auto":
