@@ -1,7 +1,8 @@
 """Execution slots: the contexts one TensorRT engine runs batches on, each with its own CUDA stream.
 
     pool = SlotPool.create(engine, io, contexts=2, plan="/var/lib/.../det-1a2b.plan")
-    outputs, gpu_ms = pool.run(batch)      # any thread; waits for a free slot
+    outputs = pool.run(batch)              # any thread; waits for a free slot
+    pool.last_gpu_ms                        # device time of the last batch that finished
     pool.close()                            # waits for running batches, frees in reverse order
 
 A slot is one IExecutionContext with its own optimisation profiles (the builder builds the profile set
@@ -222,6 +223,7 @@ class SlotPool:
         """`contexts` slots owning equal shares of the engine's profiles (the builder made the profile set
         once per context); an engine whose profiles do not split so runs on one slot, with a warning."""
         rt = cudart or import_cudart()
+        contexts = max(1, contexts)
         total = engine.num_optimization_profiles
         n = contexts if total % contexts == 0 else 1
         if n < contexts:
@@ -256,16 +258,25 @@ class SlotPool:
         return outputs
 
     def close(self, timeout: float = 10.0) -> None:
-        """Wait for every slot to be free (no batch in flight), then free them in reverse order."""
-        taken = []
+        """Wait for every slot to be free (no batch in flight), then free them in reverse order. A slot
+        still running after `timeout` is left allocated (logged): freeing it under a running batch would
+        be a use-after-free."""
+        taken: list[ExecutionSlot] = []
         with contextlib.suppress(queue.Empty):
-            for _ in self.slots:
-                taken.append(self._free.get(timeout=timeout))
+            while len(taken) < len(self.slots):
+                slot = self._free.get(timeout=timeout)
+                if slot is None:  # closed before
+                    break
+                taken.append(slot)
         if len(taken) < len(self.slots):
             log.error(
-                "closing %d slot(s) still running a batch after %.0f s", len(self.slots) - len(taken), timeout
+                "%s: %d execution slot(s) still running a batch after %.0f s; left allocated",
+                self.plan,
+                len(self.slots) - len(taken),
+                timeout,
             )
         for s in reversed(self.slots):
-            s.close()
+            if s in taken:
+                s.close()
         self.slots = []
         self._free.put(None)  # wakes callers blocked in run() (and later ones) with a BackendError
