@@ -135,3 +135,39 @@ def test_module_level_names_of_the_runtime_path_exist():
     """trt_api reaches these through the module: Runtime(logger), TensorIOMode.INPUT, nptype()."""
     trt = pytest.importorskip("tensorrt_rtx")
     assert callable(trt.Runtime) and hasattr(trt.TensorIOMode, "INPUT") and callable(trt.nptype)
+
+
+@pytest.mark.slow
+def test_real_rtx_plan_up_to_deserialisation(tmp_path: Path) -> None:
+    """A real TensorRT-RTX plan through TensorRTBackend.load as far as this CPU machine allows: the plan is
+    read and verified, TensorRT-RTX's Runtime deserialises it and refuses for want of a CUDA driver, and
+    the error names the plan and TensorRT's reason."""
+    import dataclasses
+
+    pytest.importorskip("tensorrt_rtx")
+    from engines.builder import build
+    from engines.fingerprint import probe_fingerprint
+    from engines.runtimes.base import BackendError
+    from engines.runtimes.tensorrt import TensorRTBackend
+    from engines.settings import BuildSettings
+    from engines.store import EngineStore
+    from engines.trt_api import import_trt
+
+    api = import_trt("tensorrt_rtx")
+    fp = probe_fingerprint(api)
+    store = EngineStore(tmp_path)
+    result = build(
+        store,
+        "det",
+        BuildSettings(onnx=ROOT / "agent" / "assets" / "nanodet-m-416.onnx"),
+        api=api,
+        fingerprint=fp,
+    )
+    # Claim a GPU so load() gets past its own "no CUDA GPU" refusal to TensorRT's deserialiser.
+    claimed = dataclasses.replace(fp, gpu_name="claimed for the test")
+    backend = TensorRTBackend(store, "det", result.key, api=api, fingerprint=claimed, contexts=2)
+    with pytest.raises(
+        BackendError, match=r"tensorrt_rtx: TensorRT refused .*det/.*\.plan: .*deserializeCudaEngine"
+    ):
+        backend.load()
+    assert not backend.loaded
