@@ -12,6 +12,7 @@ the error of a child that dies without a result. There is one such child: agent.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -117,12 +118,31 @@ class ChildProcess:
         return failure(error, "Killed" if self._killed or rc < 0 else "Crashed")
 
 
+PARENT_ENV = "EDGE_AGENT_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Child side: be killed when the parent dies, however it dies (SIGKILL included), so a killed
+    daemon or `edge-agent rebuild` never leaves an orphan build holding the model's lock. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
+    parent = os.environ.get(PARENT_ENV)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent is not None and str(os.getppid()) != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def start_child(
     argv: list[str], request: dict[str, Any], on_event: Callable[[Event], None] | None
 ) -> ChildProcess:
     """Start `argv` (a Python child speaking this protocol) and hand it `request` as JSON on stdin."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+    env[PARENT_ENV] = str(os.getpid())
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )

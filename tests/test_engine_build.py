@@ -35,9 +35,9 @@ pytestmark = pytest.mark.slow
 
 def start_fp32_job(onnx: Path, engine_dir: Path, force: bool = False, on_event=None) -> ChildProcess:
     """The agent's build child (the one the daemon and the CLI use) for an fp32 engine of `onnx`."""
-    ctx = ModelContext(
-        MODEL, ModelConfig(onnx=onnx, backend="tensorrt_rtx", precision="fp32"), engine_dir, 0.4
-    )
+    # One execution context: the same engine key as the fp32_settings fixture.
+    mcfg = ModelConfig(onnx=onnx, backend="tensorrt_rtx", precision="fp32", streams=1)
+    ctx = ModelContext(MODEL, mcfg, engine_dir, 0.4)
     return start_job(JobRequest(ctx, "fp32", force), on_event)
 
 

@@ -196,3 +196,44 @@ def test_streams_build_one_profile_set_per_context(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=r"models\.det\.streams"):
         load_config(bad)
+
+
+def test_killed_parent_takes_its_child_along(tmp_path: Path) -> None:
+    """SIGKILL of `edge-agent rebuild` or of the daemon must not leave its build child running with the
+    model's lock: a child started by start_child dies with its parent (here one that would sleep 60 s)."""
+    import os
+    import signal
+
+    import psutil
+
+    pid_file = tmp_path / "child.pid"
+    parent_code = f"""
+import sys, time
+from engines.buildproc import start_child
+child = [sys.executable, "-c", "import os, time; from engines.buildproc import die_with_parent; "
+         "die_with_parent(); open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"]
+start_child(child, {{}}, None)
+time.sleep(60)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = psutil.Process(int(pid_file.read_text()))
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+
+        def running(p: psutil.Process) -> bool:  # a zombie is dead, only not yet reaped by its new parent
+            try:
+                return p.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        gone_by = time.monotonic() + 5.0
+        while running(child) and time.monotonic() < gone_by:
+            time.sleep(0.02)
+        assert not running(child), f"child {child.pid} outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -145,7 +145,8 @@ def leftovers(store: EngineStore) -> list[str]:
 
 
 def assert_clean_after_next_build(store: EngineStore, settings: BuildSettings, fp, api) -> None:
-    res = build(store, MODEL, settings, api=api, fingerprint=fp, force=True)
+    # A killed CLI's job child dies with it (PR_SET_PDEATHSIG) and its lock goes a moment later.
+    res = build(store, MODEL, settings, api=api, fingerprint=fp, force=True, lock_wait_s=10)
     assert res.built
     assert leftovers(store) == []
     assert sorted(p.name for p in store.model_dir(MODEL).glob("*.plan")) == [res.plan_path.name]
@@ -472,6 +473,7 @@ models:
     labels: {REPO / "agent" / "assets" / "coco.names"}
     backend: tensorrt_rtx
     precision: fp32
+    streams: 1  # one execution context: the same engine key as the `settings` fixture
 cameras:
   street: {{url: {REPO / "agent" / "assets" / "bikes.mp4"}, model: {MODEL}}}
 """)

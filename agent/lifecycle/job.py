@@ -39,7 +39,7 @@ from agent.lifecycle.gate import Gate, GateEntry, GateReport, cached_candidate, 
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import engine_runs_here
 from engines.builder import BuildResult, build
-from engines.buildproc import ChildProcess, Event, failure, json_lines_stdout, start_child
+from engines.buildproc import ChildProcess, Event, die_with_parent, failure, json_lines_stdout, start_child
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
 from engines.plan import Step, check_precision, needs_gate, plan_steps
@@ -319,6 +319,7 @@ def start_job(request: JobRequest, on_event: Callable[[Event], None] | None) -> 
 
 
 def main() -> int:
+    die_with_parent()
     emit = json_lines_stdout()
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
