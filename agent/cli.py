@@ -45,23 +45,36 @@ def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path 
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from agent.service import journal_handler
+
+    journal = journal_handler()  # under systemd: structured records (PRIORITY, CAMERA, MODEL) to journald
+    if journal is not None:
+        journal.setFormatter(logging.Formatter("%(name)s: %(message)s"))  # journald stamps time and level
+        logging.basicConfig(level=getattr(logging, level.upper()), handlers=[journal])
+    else:
+        logging.basicConfig(
+            level=getattr(logging, level.upper()),
+            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
     if logging.getLogger().level > logging.INFO:
         # TensorRT's builder warnings (reshape placeholders, kOPT guesses) are noise unless asked for.
         logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
-def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False) -> int:
+def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False, config_path: str | None = None) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
+    from agent.service import Notifier, ServiceError
 
-    agent = Agent(cfg, quiet_mqtt=quiet_mqtt)
+    try:
+        notifier = Notifier()
+    except ServiceError as exc:
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+    agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
     try:
         agent.start()
-    except (ConfigError, OSError, RuntimeError) as exc:
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         agent.stop()
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
@@ -87,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_config:
         print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
         return 0
-    return _run_agent(cfg)
+    return _run_agent(cfg, config_path=args.config)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

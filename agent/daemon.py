@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from agent import __version__
-from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
+from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig, load_config
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
-from agent.mqtt import MqttClient
+from agent.mqtt import MqttClient, MqttError
+from agent.reload import ReloadPlan, plan_reload
 from agent.results import ConsoleSink, detection_fields
+from agent.service import Notifier, extending
+from agent.supervisor import ModelProgress, Progress, Supervisor
 from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
 from engines.plan import REQUESTABLE
@@ -64,10 +67,20 @@ class Agent:
         *,
         console: bool | None = None,
         quiet_mqtt: bool = False,
+        config_path: str | Path | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.cfg = cfg
+        self.config_path = Path(config_path) if config_path is not None else None
         self.started_at = time.time()
         self._stop = threading.Event()
+        self._reload_requested = threading.Event()
+        self._wakeup = threading.Event()  # the main loop: stop or reload asked (set from signal handlers)
+        self._reload_lock = threading.Lock()
+        self.last_reload: dict | None = None  # outcome of the last reload, in the status payload
+        self.notifier = notifier or Notifier()
+        self.supervisor = Supervisor(self.notifier, self.progress)
+        self.results_out: dict[str, int] = {}  # per model: results that passed every sink (watchdog)
         self._lock = threading.Lock()
         self.topics = Topics(cfg.mqtt.prefix, cfg.device_id)
         self.stages = StageWindow()
@@ -77,7 +90,8 @@ class Agent:
         self.cameras: dict[str, CameraRuntime] = {}
         self.mqtt: MqttClient | None = None
         self._quiet_mqtt = quiet_mqtt
-        self._console = ConsoleSink(self.labels) if (cfg.console if console is None else console) else None
+        self._console_on = cfg.console if console is None else console
+        self._console = ConsoleSink(self.labels)
         self._telemetry_thread: threading.Thread | None = None
         self.taps: dict[str, FrameTap] = {}  # per model: frames for the gate, from the running pipeline
         self.engines = EngineManager(
@@ -85,39 +99,43 @@ class Agent:
         )
 
     # ---- start -------------------------------------------------------------------------------
+    def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
+        if not cfg.mqtt.enabled:
+            return None
+        client = MqttClient(
+            topics=topics,
+            host=cfg.mqtt.host,
+            port=cfg.mqtt.port,
+            username=cfg.mqtt.username,
+            password=cfg.mqtt.read_password(),
+            tls=cfg.mqtt.tls,
+            keepalive=cfg.mqtt.keepalive,
+            qos=cfg.mqtt.qos,
+            offline_queue=cfg.mqtt.offline_queue,
+            birth=self._status_fields,
+            quiet=self._quiet_mqtt,
+        )
+        client.on_command("rebuild", self._cmd_rebuild)
+        return client
+
     def start(self) -> None:
         cfg = self.cfg
-        if cfg.mqtt.enabled:
-            self.mqtt = MqttClient(
-                topics=self.topics,
-                host=cfg.mqtt.host,
-                port=cfg.mqtt.port,
-                username=cfg.mqtt.username,
-                password=cfg.mqtt.read_password(),
-                tls=cfg.mqtt.tls,
-                keepalive=cfg.mqtt.keepalive,
-                qos=cfg.mqtt.qos,
-                offline_queue=cfg.mqtt.offline_queue,
-                birth=self._status_fields,
-                quiet=self._quiet_mqtt,
-            )
+        self.mqtt = self._make_mqtt(cfg, self.topics)
         # Models first: a broken model is a start-up error, before any camera is opened.
-        sinks = [self._publish_sink, self._telemetry_sink]
-        if self._console is not None:
-            sinks.append(self._console)
         for name, mcfg in cfg.models.items():
-            self._open_model(name, mcfg, sinks)
+            with extending(self.notifier, f"starting: loading model {name}"):
+                self._open_model(name, mcfg)
         for cam_name, cam in cfg.cameras.items():
             if cam.enabled:
                 self._open_camera(cam_name, cam)
         if self.mqtt is not None:
-            self.mqtt.on_command("rebuild", self._cmd_rebuild)
             self.mqtt.start()
         self.engines.start()
         for worker in self.workers.values():
             worker.start()
         for cam in self.cameras.values():
             cam.reader.start()
+        self.supervisor.start()  # READY once every camera was tried and every model served a result
         process_stats()  # primes psutil's CPU counter so the first telemetry has a real value
         if cfg.telemetry.prometheus_port:
             self.metrics.start_http(cfg.telemetry.prometheus_port)
@@ -131,24 +149,32 @@ class Agent:
             len(self.cameras),
         )
 
-    def _open_model(self, name: str, mcfg: ModelConfig, sinks: list) -> None:
-        backend = self.engines.open(name)
+    def _open_model(self, name: str, mcfg: ModelConfig, cfg: AgentConfig | None = None) -> None:
+        """Open a model's backend and make its (not yet started) worker. `cfg`: a reloaded config that is
+        not in effect yet. Raises before anything is registered, so a failure leaves no trace."""
         labels = load_labels(mcfg.labels) if mcfg.labels is not None else []
+        backend = self.engines.open(name, cfg)
+        try:
+            adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
+        except Exception:
+            backend.close()
+            raise
         self.labels[name] = labels
-        adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
         self.taps[name] = FrameTap()
+        self.results_out.setdefault(name, 0)
+        sinks = [self._publish_sink, self._telemetry_sink, self._console_sink, self.taps[name]]
         self.workers[name] = ModelWorker(
             name,
             backend,
             adapter,
-            [*sinks, self.taps[name]],
+            [*sinks, self._progress_sink],  # last: a result counts as progress once every sink took it
             iou_threshold=mcfg.iou_threshold,
             max_batch=mcfg.batch.max,
         )
 
-    def _open_camera(self, name: str, cam: CameraConfig) -> None:
+    def _open_camera(self, name: str, cam: CameraConfig, cfg: AgentConfig | None = None) -> None:
         worker = self.workers[cam.model]
-        labels_src = str(self.cfg.models[cam.model].labels)
+        labels_src = str((cfg or self.cfg).models[cam.model].labels)
         mask = class_mask(name, cam, self.labels[cam.model], labels_src)
         slot = worker.new_slot()
         spec = SourceSpec(
@@ -169,13 +195,16 @@ class Agent:
         up = sum(1 for c in self.cameras.values() if c.state == "streaming")
         total = len(self.cameras)
         state = "offline" if self._stop.is_set() else ("online" if up == total else "degraded")
-        return {
+        fields = {
             "state": state,
             "version": __version__,
             "started_at": self.started_at,
             "cameras_up": up,
             "cameras_total": total,
         }
+        if self.last_reload is not None:
+            fields["last_reload"] = self.last_reload
+        return fields
 
     def _on_camera_state(self, camera: str, state: str, reason: str | None) -> None:
         cam = self.cameras.get(camera)
@@ -184,9 +213,7 @@ class Agent:
         with self._lock:
             changed = cam.state != state
             cam.state, cam.reason = state, reason
-        level = logging.WARNING if state in ("reconnecting", "failed") else logging.INFO
-        log.log(level, "camera %s: %s%s", camera, state, f" ({reason})" if reason else "")
-        self._publish_camera_state(cam)
+        self._publish_camera_state(cam)  # the reader logged the change
         if changed:
             self._publish_status()
 
@@ -248,6 +275,32 @@ class Agent:
         body = payload("detections", **fields)
         self.mqtt.publish(self.topics.detections(result.frame.camera), body, kind="event")
 
+    def _console_sink(self, result: Result) -> None:
+        if self._console_on:
+            self._console(result)
+
+    def _progress_sink(self, result: Result) -> None:
+        # One writer per model (its worker thread); the supervisor only reads.
+        self.results_out[result.model] = self.results_out.get(result.model, 0) + 1
+
+    def progress(self) -> Progress:
+        """For the supervisor (READY, STATUS, WATCHDOG): cameras tried, frames in, results out."""
+        cams = dict(self.cameras)
+        models = {}
+        for name, worker in list(self.workers.items()):
+            mine = [c for c in cams.values() if c.cfg.model == name]
+            backend = worker.backend
+            models[name] = ModelProgress(
+                frames_in=sum(c.reader.frames_in for c in mine),
+                results=self.results_out.get(name, 0),
+                running=worker.running,
+                serving=f"{backend.name} {backend.precision}",
+                streaming_cameras=sum(1 for c in mine if c.state == "streaming"),
+                note=self.engines.summary(name),
+            )
+        fps = sum(c.fps_out.rate() for c in cams.values())
+        return Progress({n: c.state for n, c in cams.items()}, models, fps)
+
     def _telemetry_sink(self, result: Result) -> None:
         lat = stage_latencies_ms(result.frame)
         if result.gpu_ms is not None:
@@ -260,8 +313,7 @@ class Agent:
 
     # ---- telemetry ---------------------------------------------------------------------------
     def _telemetry_loop(self) -> None:
-        interval = self.cfg.telemetry.interval_s
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.cfg.telemetry.interval_s):  # re-read: a reload may change it
             try:
                 self.publish_telemetry()
             except Exception:
@@ -269,7 +321,7 @@ class Agent:
 
     def telemetry_fields(self) -> dict:
         cams = {}
-        for name, cam in self.cameras.items():
+        for name, cam in list(self.cameras.items()):  # a reload may change the dict meanwhile
             frames_in = cam.reader.frames_in
             cam.fps_in.tick(frames_in - cam.last_frame_in)
             cam.last_frame_in = frames_in
@@ -300,24 +352,173 @@ class Agent:
         self.metrics.update(fields)
         if self.mqtt is not None:
             self.mqtt.publish(self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event")
+            for cam in list(self.cameras.values()):
+                self._publish_camera_state(cam)
+
+    # ---- reload (SIGHUP) ----------------------------------------------------------------------
+    def reload(self) -> bool:
+        """Re-read the config file and apply what changed in place (agent.reload). An invalid config, or a
+        new model that cannot be opened, leaves everything as it was; the error goes to the log, the
+        service status and the MQTT status payload (`last_reload`). True when the new config is in effect."""
+        with self._reload_lock:
+            self.supervisor.reloading()
+            try:
+                changes = self._reload_from_file()
+            except Exception as exc:  # the old config keeps running whatever went wrong
+                expected = isinstance(exc, (ConfigError, OSError, ValueError, RuntimeError, MqttError))
+                error = str(exc) if expected else repr(exc)
+                if not expected:  # a bug: its traceback helps
+                    log.exception("reload failed")
+                log.error("reload refused, still running the previous config: %s", error)
+                self.last_reload = {"ok": False, "at": round(time.time(), 3), "error": error[:2000]}
+                self.supervisor.set_extra(f"last reload failed: {error.splitlines()[0][:200]}")
+                ok = False
+            else:
+                log.info("reload applied: %s", changes)
+                self.last_reload = {"ok": True, "at": round(time.time(), 3), "changes": changes}
+                self.supervisor.set_extra("")
+                ok = True
+            self._publish_status()
+            self.supervisor.reloaded()
+            return ok
+
+    def _reload_from_file(self) -> str:
+        if self.config_path is None:
+            raise ConfigError("reload: the agent was not started from a config file")
+        new = load_config(self.config_path)
+        plan = plan_reload(self.cfg, new)
+        if plan.needs_restart:  # keep what cannot change in place; say so
+            new = new.model_copy(
+                update={
+                    "engine_dir": self.cfg.engine_dir,
+                    "telemetry": new.telemetry.model_copy(
+                        update={"prometheus_port": self.cfg.telemetry.prometheus_port}
+                    ),
+                }
+            )
+        if new.mqtt.enabled and plan.mqtt:
+            new.mqtt.read_password()  # a missing password file fails now, before anything changed
+        self._apply(new, plan)
+        return plan.summary()
+
+    def _apply(self, new: AgentConfig, plan: ReloadPlan) -> None:
+        # 1. Everything that can fail, while nothing has changed yet: class masks of new/changed cameras
+        #    against the labels they will use, then the models to open (ORT serves at once; engines build
+        #    in the background as at start). A failure closes what was opened and re-raises.
+        topics = Topics(new.mqtt.prefix, new.device_id)
+        mqtt = self._make_mqtt(new, topics) if plan.mqtt else None  # not started: nothing to undo
+        reopen = plan.models_added + plan.models_changed
+        old_workers = {n: self.workers[n] for n in plan.models_changed}
+        old_labels = {n: self.labels[n] for n in plan.models_changed}
+        old_taps = {n: self.taps[n] for n in plan.models_changed}
+        detached = {n: self.engines.detach(n) for n in plan.models_changed}
+        opened: list[str] = []
+        try:
+            for name in reopen:
+                self._open_model(name, new.models[name], new)
+                opened.append(name)
+            for name in plan.cameras_added + plan.cameras_restarted + plan.cameras_rerouted:
+                cam = new.cameras[name]
+                class_mask(name, cam, self.labels[cam.model], str(new.models[cam.model].labels))
+        except Exception:
+            for name in opened:
+                self.workers.pop(name).close_backends()
+                self.engines.retire(self.engines.detach(name))
+            self.workers.update(old_workers)
+            self.labels.update(old_labels)
+            self.taps.update(old_taps)
+            for name, me in detached.items():
+                self.engines.attach(name, me)
+            raise
+        # 2. Nothing fails from here on: switch over.
+        for name in plan.cameras_removed + plan.cameras_restarted:
+            self._close_camera(name, clear_state=name in plan.cameras_removed)
+        for name in plan.models_removed:
+            self._close_model(self.workers.pop(name), name)
+            self.engines.retire(self.engines.detach(name))
+            for d in (self.labels, self.taps, self.results_out):
+                d.pop(name, None)
+        for name, worker in old_workers.items():
+            self._close_model(worker, name)
+            self.engines.retire(detached[name])
+        if plan.mqtt:
+            self._replace_mqtt(mqtt, topics)
+        self.cfg = new
+        self.engines.reconfigure(new)
+        for name in reopen:
+            self.workers[name].start()
+        self.engines.start_pending()
+        for name in plan.cameras_rerouted:
+            cam = new.cameras[name]
+            mask = class_mask(name, cam, self.labels[cam.model], str(new.models[cam.model].labels))
+            route = self.workers[cam.model]._routes.get(name)
+            if route is not None:
+                self.workers[cam.model].add_camera(CameraRoute(name, route.slot, mask, cam.min_score))
+            self.cameras[name].cfg = cam
+        for name in plan.cameras_added + plan.cameras_restarted:
+            self._open_camera(name, new.cameras[name])
+            self.cameras[name].reader.start()
+        if plan.log_level:
+            logging.getLogger().setLevel(getattr(logging, new.log_level.upper()))
+        self._console_on = new.console
+        self._publish_status()
+
+    def _close_camera(self, name: str, clear_state: bool) -> None:
+        cam = self.cameras.pop(name)
+        worker = self.workers.get(cam.cfg.model)
+        if worker is not None:
+            worker.remove_camera(name)
+        if not cam.reader.stop():
+            log.warning("camera %s: reader did not stop in time; left to end on its own", name)
+        if clear_state and self.mqtt is not None:
+            # An empty retained message deletes the topic: a removed camera must not stay "streaming".
+            self.mqtt.publish(self.topics.camera_state(name), b"", qos=1, retain=True, kind="state")
+
+    def _close_model(self, worker: ModelWorker, name: str) -> None:
+        for cam_name in [c for c, cam in self.cameras.items() if cam.cfg.model == name]:
+            self._close_camera(cam_name, clear_state=False)
+        if not worker.stop(timeout=2.0):
+            log.warning("model %s: worker did not stop in time", name)
+        worker.close_backends()
+
+    def _replace_mqtt(self, client: MqttClient | None, topics: Topics) -> None:
+        old, self.mqtt, self.topics = self.mqtt, client, topics
+        if old is not None:
+            old.close()  # graceful: "offline" on the old status topic, then DISCONNECT
+        if self.mqtt is not None:
+            self.mqtt.start()
             for cam in self.cameras.values():
                 self._publish_camera_state(cam)
+            self.engines.republish()
 
     # ---- stop --------------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
         self._stop.set()
+        self._wakeup.set()
+
+    def request_reload(self, *_: object) -> None:
+        self._reload_requested.set()
+        self._wakeup.set()
 
     def run_forever(self) -> None:
+        """The main thread: signals only set flags (a handler may interrupt any line of this thread);
+        the reload itself runs here, between waits."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
         try:
-            while not self._stop.wait(0.5):
-                pass
+            while not self._stop.is_set():
+                self._wakeup.wait(0.5)
+                self._wakeup.clear()
+                if self._reload_requested.is_set() and not self._stop.is_set():
+                    self._reload_requested.clear()
+                    self.reload()
         finally:
             self.stop()
 
     def stop(self) -> None:
         self._stop.set()
+        self.supervisor.stopping()
         t0 = time.monotonic()
         for cam in self.cameras.values():
             cam.reader.request_stop()  # signal only; joined below so slow cameras stop in parallel
@@ -325,7 +526,8 @@ class Agent:
             worker.stop(timeout=2.0)
         self.engines.close()
         for cam in self.cameras.values():
-            cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
+            if cam.reader.ident is not None:  # a start-up error may come before the readers started
+                cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
         for worker in self.workers.values():
             worker.close_backends()  # leaves (and logs) a backend whose worker thread did not stop
         if self.mqtt is not None:

@@ -28,10 +28,10 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 class AgentProcess:
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._log_file = log.open("w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--log-level", "info"],
             cwd=REPO,
@@ -60,11 +60,11 @@ class AgentProcess:
 
 
 @pytest.fixture
-def start_agent(tmp_path: Path) -> Iterator[Callable[[Path], AgentProcess]]:
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     agents: list[AgentProcess] = []
 
-    def start(config: Path) -> AgentProcess:
-        agent = AgentProcess(config, tmp_path / f"agent-{len(agents)}.log")
+    def start(config: Path, env: dict[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(config, tmp_path / f"agent-{len(agents)}.log", env)
         agents.append(agent)
         return agent
 

@@ -70,6 +70,7 @@ class ModelEngine:
     busy: bool = False  # a job (capture, child, adoption) is under way
     seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
     last_progress_pub: float = 0.0
+    retired: bool = False  # replaced or removed by a reload: its job's late news is dropped
 
     @property
     def name(self) -> str:
@@ -110,9 +111,10 @@ class EngineManager:
         return list(self._models)
 
     # ---- start-up ------------------------------------------------------------------------------
-    def open(self, name: str) -> Backend:
-        """The backend to serve `name` with now; starts a job in the background when one is needed."""
-        ctx = ModelContext.from_config(self.cfg, name)
+    def open(self, name: str, cfg: AgentConfig | None = None) -> Backend:
+        """The backend to serve `name` with now; a job starts in the background (start_pending) when one
+        is needed. `cfg`: a reloaded configuration not yet in effect (see detach/retire)."""
+        ctx = ModelContext.from_config(cfg or self.cfg, name)
         target = engine_target(ctx)
         if isinstance(target, OrtOnly):
             backend = open_ort(ctx)
@@ -176,12 +178,59 @@ class EngineManager:
 
     def start(self) -> None:
         """Jobs for models in fallback start now (their pipelines run: frames can be tapped)."""
+        self.start_pending()
+        self._thread = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+        self._thread.start()
+
+    def start_pending(self) -> None:
         pending, self._pending_start = self._pending_start, []
         for name in pending:
-            self.rebuild(name)
-        if self._models:
-            self._thread = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
-            self._thread.start()
+            if name in self._models:
+                self.rebuild(name)
+
+    # ---- reload ----------------------------------------------------------------------------------
+    def detach(self, name: str) -> ModelEngine | None:
+        """Take a model's lifecycle out (its job keeps running) before reopening it with a new config;
+        give it back with attach() if the reopen fails, or end it with retire()."""
+        self._pending_start = [n for n in self._pending_start if n != name]
+        return self._models.pop(name, None)
+
+    def attach(self, name: str, me: ModelEngine | None) -> None:
+        if me is not None:
+            self._models[name] = me
+
+    def retire(self, me: ModelEngine | None) -> None:
+        """A detached lifecycle that is not coming back: its job is killed, its late news dropped."""
+        if me is None:
+            return
+        with me.lock:
+            me.retired = True
+            job = me.job
+        if job is not None:
+            job.kill()
+
+    def reconfigure(self, cfg: AgentConfig) -> None:
+        """The reloaded configuration is now in effect (after every model in it was opened)."""
+        self.cfg = cfg
+
+    def republish(self) -> None:
+        """Every model's engine state again (after the MQTT connection was replaced)."""
+        for me in list(self._models.values()):
+            with me.lock:
+                state = dict(me.state)
+            if state:
+                self._publish(me.name, state)
+
+    def summary(self, name: str) -> str:
+        """Engine news for the service status line: "building 40%", "fallback", "failed"."""
+        me = self._models.get(name)
+        if me is None:
+            return ""
+        with me.lock:
+            state, progress = me.state.get("state"), me.state.get("progress")
+        if state == "building" and isinstance(progress, dict) and progress.get("total"):
+            return f"building engine: {progress.get('phase')} {progress.get('step')}/{progress.get('total')}"
+        return "building engine" if state == "building" else ("engine failed" if state == "failed" else "")
 
     def close(self) -> None:
         self._stop.set()
@@ -197,6 +246,8 @@ class EngineManager:
     def rebuild(self, name: str, force: bool = False, precision: str | None = None) -> bool:
         """Start a job for `name` in the background; False when one is already under way."""
         me = self._models[name]
+        if me.retired:
+            return False
         requested = check_precision(precision or me.ctx.cfg.precision, "precision")
         with me.lock:
             if me.busy or self._stop.is_set():
@@ -217,7 +268,7 @@ class EngineManager:
             with me.lock:
                 me.job, me.busy = None, False
                 me.seen = self._listing(me.name)
-        if self._stop.is_set():
+        if self._stop.is_set() or me.retired:
             return
         if not result.ok:
             log.error(
@@ -302,6 +353,9 @@ class EngineManager:
         """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays."""
         engine = self._load(me, key)
         if engine is None:
+            return
+        if me.retired:  # reloaded away while it loaded: nobody serves this model with it any more
+            engine.close()
             return
         self._swap(me.name, engine)
         self._set(me, state="ready", backend=engine.name, precision=engine.precision, key=key, loaded=True)
@@ -388,4 +442,5 @@ class EngineManager:
                 log.error("model %s: engine state %s -> %s is not a planned transition", me.name, old, new)
             me.state.update(fields)
             me.state.setdefault("fingerprint", me.target.fingerprint.manifest_dict())
-            self._publish(me.name, dict(me.state))
+            if not me.retired:
+                self._publish(me.name, dict(me.state))
