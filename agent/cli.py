@@ -156,6 +156,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return run_validate(cfg, args.model, args.precision, args.method, args.json)
 
 
+def cmd_install_service(args: argparse.Namespace) -> int:
+    from agent.install import InstallError, install_service
+
+    try:
+        return install_service(Path(args.root), args.user, args.dry_run)
+    except (InstallError, OSError) as exc:
+        print(f"edge-agent install-service: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
@@ -225,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the validation object (+ model, precision)")
     val.add_argument("--log-level", default="warning")
     val.set_defaults(func=cmd_validate)
+
+    ins = sub.add_parser(
+        "install-service", help="create the service user, /etc/edge-agent and the systemd unit (root)"
+    )
+    ins.add_argument("--root", default="/", help="stage the install under DIR instead of / (packaging)")
+    ins.add_argument("--user", default="edge-agent", help="service user (default: edge-agent)")
+    ins.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    ins.set_defaults(func=cmd_install_service)
 
     b = sub.add_parser("bench", help="per-stage latency benchmark on the bundled clip (JSON report + plot)")
     b.add_argument("--out", default="bench-out")

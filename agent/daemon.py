@@ -159,6 +159,7 @@ class Agent:
         except Exception:
             backend.close()
             raise
+        log.info("model %s: served by %s (%s), %d labels", name, backend.name, backend.precision, len(labels))
         self.labels[name] = labels
         self.taps[name] = FrameTap()
         self.results_out.setdefault(name, 0)

@@ -115,6 +115,22 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:500]
 
 
+class JournalFields(logging.Filter):
+    """Adds CAMERA= / MODEL= journal fields to records that follow the log convention "camera %s: ..." /
+    "model %s: ...", so `journalctl -u edge-agent CAMERA=gate` shows one camera's story."""
+
+    _FIELDS = (("camera %s", "CAMERA"), ("model %s", "MODEL"), ("model(s) %s", "MODEL"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg, args = record.msg, record.args
+        if isinstance(msg, str) and isinstance(args, tuple) and args:
+            for prefix, key in self._FIELDS:
+                if msg.startswith(prefix):
+                    setattr(record, key, str(args[0]))
+                    break
+        return True
+
+
 def journal_handler(env: Mapping[str, str] | None = None) -> logging.Handler | None:
     """A JournalHandler when stderr goes to journald (JOURNAL_STREAM names stderr's device:inode), so
     records keep their fields (PRIORITY, CAMERA, MODEL, ...); None otherwise or without systemd-python."""
@@ -133,4 +149,6 @@ def journal_handler(env: Mapping[str, str] | None = None) -> logging.Handler | N
         from systemd.journal import JournalHandler
     except ImportError:
         return None
-    return JournalHandler(SYSLOG_IDENTIFIER="edge-agent")
+    handler = JournalHandler(SYSLOG_IDENTIFIER="edge-agent")
+    handler.addFilter(JournalFields())
+    return handler

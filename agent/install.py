@@ -1,0 +1,237 @@
+"""`edge-agent install-service`: the service user, /etc/edge-agent, the unit; then the commands to run.
+
+Everything goes under `root` (default /), so the same code can stage an install into a directory
+(`--root DIR`) for packaging or a test; the service user is then created with `useradd --prefix DIR` in
+DIR/etc/passwd when that file exists, and skipped otherwise. Existing config and env files are kept
+(they are the operator's); the unit is ours and is rewritten.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+UNIT_NAME = "edge-agent.service"
+TEMPLATE_EXEC = "/opt/edge-agent/.venv/bin/edge-agent"
+CONFIG = "/etc/edge-agent/agent.yaml"
+ENV_FILE = "/etc/edge-agent/edge-agent.env"
+
+ENV_TEXT = """\
+# Secrets for ${VAR} references in agent.yaml, one KEY=value per line (systemd EnvironmentFile=).
+# This file is 0640 root:edge-agent; keep passwords here, not in agent.yaml.
+# CAM1_PASSWORD=change-me
+"""
+
+
+class InstallError(RuntimeError):
+    pass
+
+
+def _asset(name: str) -> Path:
+    return Path(str(resources.files("agent") / "assets" / name))
+
+
+def unit_template() -> str:
+    """The unit shipped in systemd/ (and in the wheel, as agent/assets/edge-agent.service)."""
+    return _asset(UNIT_NAME).read_text()
+
+
+def render_unit(executable: Path) -> str:
+    text = unit_template()
+    if TEMPLATE_EXEC not in text:
+        raise InstallError(f"{_asset(UNIT_NAME)}: ExecStart does not name {TEMPLATE_EXEC}")
+    return text.replace(TEMPLATE_EXEC, str(executable))
+
+
+def example_config() -> str:
+    """Runs as shipped: the bundled NanoDet on the bundled clip; cameras to add are shown commented."""
+    return f"""\
+# edge-agent configuration: every key is documented in README.md ("Configuration").
+# After editing: systemctl reload edge-agent (cameras and MQTT change in place).
+device_id: {_hostname()}
+engine_dir: /var/lib/edge-agent/engines
+models:
+  detector:
+    onnx: {_asset("nanodet-m-416.onnx")}
+    format: nanodet
+    labels: {_asset("coco.names")}
+    backend: auto          # TensorRT where it exists (engine built in the background), else ONNX Runtime
+    precision: fp16
+cameras:
+  demo:                    # the bundled street clip, looped: replace with your cameras
+    url: {_asset("bikes.mp4")}
+    model: detector
+    fps: 5
+  # gate:
+  #   url: rtsp://viewer:${{CAM1_PASSWORD}}@192.0.2.10:554/stream1   # password from edge-agent.env
+  #   model: detector
+  #   fps: 10
+mqtt: {{host: localhost, port: 1883}}
+telemetry: {{interval_s: 10}}
+"""
+
+
+def _hostname() -> str:
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in os.uname().nodename)
+    return name or "edge-agent"
+
+
+def agent_executable() -> Path:
+    exe = Path(sys.executable).parent / "edge-agent"
+    if exe.exists():
+        return exe
+    found = shutil.which("edge-agent")
+    if found is None:
+        raise InstallError("cannot find the edge-agent command next to this Python or on PATH")
+    return Path(found)
+
+
+def _ids_in(passwd: Path, group: Path, user: str) -> tuple[int, int] | None:
+    """uid of `user` and gid of its group, read from the given files (a staged root has its own)."""
+    try:
+        users = {f[0]: f for f in (line.split(":") for line in passwd.read_text().splitlines()) if len(f) > 3}
+        groups = {f[0]: f for f in (line.split(":") for line in group.read_text().splitlines()) if len(f) > 2}
+    except OSError:
+        return None
+    if user not in users or user not in groups:
+        return None
+    return int(users[user][2]), int(groups[user][2])
+
+
+class Installer:
+    def __init__(
+        self,
+        root: Path = Path("/"),
+        user: str = "edge-agent",
+        executable: Path | None = None,
+        dry_run: bool = False,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.root = root
+        self.user = user
+        self.executable = executable or agent_executable()
+        self.dry_run = dry_run
+        self.say = say
+        self.staged = root.resolve() != Path("/")
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    def run(self) -> None:
+        self._check()
+        ids = self._user()
+        etc = self.path("/etc/edge-agent")
+        self._mkdir(etc, 0o750, ids)
+        self._write(self.path(CONFIG), example_config(), 0o640, ids, keep=True)
+        self._write(self.path(ENV_FILE), ENV_TEXT, 0o640, ids, keep=True)
+        unit = self.path(f"/etc/systemd/system/{UNIT_NAME}")
+        self._mkdir(unit.parent, 0o755, None)
+        self._write(unit, render_unit(self.executable), 0o644, None, keep=False)
+
+    def _check(self) -> None:
+        if not self.staged and os.geteuid() != 0 and not self.dry_run:
+            raise InstallError("installing the service needs root (sudo), or --root DIR to stage it")
+        exe = str(self.executable)
+        if exe.startswith(("/home/", "/root/", "/run/user/")):
+            raise InstallError(
+                f"{exe}: the unit has ProtectHome=yes, which hides this path from the service; "
+                "install into a venv under /opt (README: Running as a service)"
+            )
+        try:
+            import systemd.daemon  # noqa: F401
+        except ImportError:
+            raise InstallError(
+                "systemd-python is missing in this venv: the Type=notify unit could not report READY. "
+                "Install it first: pip install 'edge-agent[systemd]' (needs libsystemd-dev, pkg-config)"
+            ) from None
+
+    def _user(self) -> tuple[int, int] | None:
+        etc = self.path("/etc")
+        ids = _ids_in(etc / "passwd", etc / "group", self.user)
+        if ids is not None:
+            self.say(f"user {self.user}: exists")
+            return ids
+        if self.staged and not (etc / "passwd").exists():
+            self.say(f"user {self.user}: skipped ({etc}/passwd does not exist in the staged root)")
+            return None
+        groups = [g for g in ("video", "render") if self._group_exists(g)]
+        cmd = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/var/lib/edge-agent"]
+        cmd += ["--shell", "/usr/sbin/nologin", "--comment", "edge-agent service"]
+        if groups:
+            cmd += ["--groups", ",".join(groups)]
+        if self.staged:
+            cmd += ["--prefix", str(self.root)]
+        cmd.append(self.user)
+        self.say(f"user {self.user}: {' '.join(cmd)}")
+        if self.dry_run:
+            return None
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise InstallError(f"useradd failed ({done.returncode}): {done.stderr.strip()}")
+        return _ids_in(etc / "passwd", etc / "group", self.user)
+
+    def _group_exists(self, name: str) -> bool:
+        if self.staged:
+            group = self.path("/etc/group")
+            lines = group.read_text().splitlines() if group.exists() else []
+            return any(line.startswith(f"{name}:") for line in lines)
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            return False
+        return True
+
+    def _mkdir(self, path: Path, mode: int, ids: tuple[int, int] | None) -> None:
+        self.say(f"dir  {path} ({mode:o} root:{self.user if ids else 'root'})")
+        if self.dry_run:
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(mode)
+        self._own(path, ids)
+
+    def _write(self, path: Path, text: str, mode: int, ids: tuple[int, int] | None, keep: bool) -> None:
+        if keep and path.exists():
+            self.say(f"file {path}: kept (exists)")
+            return
+        self.say(f"file {path} ({mode:o} root:{self.user if ids else 'root'})")
+        if self.dry_run:
+            return
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:  # temp + fsync + rename: a half-written unit or config never shows
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.chmod(mode)
+        self._own(tmp, ids)
+        tmp.replace(path)
+
+    def _own(self, path: Path, ids: tuple[int, int] | None) -> None:
+        # root owns; the service's group may read (config, env) or enter (dirs) but not write.
+        if ids is None or os.geteuid() != 0:
+            return
+        os.chown(path, 0, ids[1])
+
+
+NEXT_STEPS = """
+Next:
+  sudoedit /etc/edge-agent/agent.yaml          # cameras, MQTT broker (secrets in edge-agent.env)
+  sudo -u {user} {exe} run -c /etc/edge-agent/agent.yaml --check-config
+  sudo systemctl daemon-reload
+  sudo systemctl enable --now edge-agent
+  systemctl status edge-agent                   # Status: "1/1 cameras streaming, 5 fps, detector ..."
+  journalctl -u edge-agent -f                   # fields: journalctl -u edge-agent CAMERA=demo
+  sudo systemctl reload edge-agent              # after editing the config (SIGHUP)
+"""
+
+
+def install_service(root: Path, user: str, dry_run: bool, say: Callable[[str], None] = print) -> int:
+    installer = Installer(root, user, dry_run=dry_run, say=say)
+    installer.run()
+    say(NEXT_STEPS.format(user=user, exe=installer.executable))
+    return 0

@@ -1,0 +1,166 @@
+"""The systemd unit and `edge-agent install-service`: systemd-analyze verify/security, a staged install
+(user, modes, kept files), and the installed example config running the bundled model as shipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures_agent import wait_until
+
+from agent.config import load_config
+from agent.install import Installer, InstallError, render_unit
+
+REPO = Path(__file__).resolve().parents[1]
+ANALYZE = shutil.which("systemd-analyze")
+needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed (apt: systemd)")
+EXE = Path(sys.executable).parent / "edge-agent"
+
+
+def unit_file(tmp_path: Path) -> Path:
+    # ExecStart must name an existing executable for verify: this venv's edge-agent.
+    path = tmp_path / "edge-agent.service"
+    path.write_text(render_unit(EXE))
+    return path
+
+
+def test_shipped_unit_is_the_one_in_the_package() -> None:
+    assert (REPO / "agent" / "assets" / "edge-agent.service").read_text() == (
+        REPO / "systemd" / "edge-agent.service"
+    ).read_text()
+
+
+@needs_analyze
+def test_unit_verifies_cleanly(tmp_path: Path) -> None:
+    out = subprocess.run([ANALYZE, "verify", str(unit_file(tmp_path))], capture_output=True, text=True)
+    # Unknown keys and bad values only warn (exit 0): stderr must be empty too.
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+@needs_analyze
+def test_unit_hardening_exposure_is_at_most_3_5(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [ANALYZE, "security", "--offline=true", "--no-pager", str(unit_file(tmp_path))],
+        capture_output=True,
+        text=True,
+    )
+    m = re.search(r"Overall exposure level for edge-agent\.service: (\d+\.\d+)", out.stdout)
+    assert m, out.stdout[-2000:] + out.stderr
+    assert float(m.group(1)) <= 3.5, out.stdout
+    musts = ("NoNewPrivileges=", "ProtectSystem=", "RestrictAddressFamilies=~AF_PACKET", "PrivateMounts=")
+    for setting in musts:
+        assert re.search(rf"✓ {re.escape(setting)}", out.stdout), setting
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_unit_is_notify_with_watchdog_reload_and_secrets_file() -> None:
+    s = unit_settings((REPO / "systemd" / "edge-agent.service").read_text())
+    assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
+    assert int(s["WatchdogSec"][0]) >= 10
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert s["Restart"] == ["on-failure"]
+    assert s["User"] == ["edge-agent"] and s["SupplementaryGroups"] == ["video"]
+    assert s["EnvironmentFile"] == ["-/etc/edge-agent/edge-agent.env"]
+    assert {"StateDirectory", "CacheDirectory", "ConfigurationDirectory"} <= set(s)
+    assert "char-nvidia* rw" in s["DeviceAllow"]
+
+
+def stage_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
+        if Path("/etc", name).exists():
+            shutil.copy(Path("/etc", name), root / "etc" / name)
+    return root
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None, reason="useradd --prefix needs root"
+)
+@needs_analyze
+def test_install_service_stages_user_dirs_files_and_a_verifiable_unit(tmp_path: Path) -> None:
+    root = stage_root(tmp_path)
+    lines: list[str] = []
+    Installer(root, "edge-agent", EXE, say=lines.append).run()
+
+    passwd = (root / "etc" / "passwd").read_text()
+    entry = next(line for line in passwd.splitlines() if line.startswith("edge-agent:"))
+    uid, gid, home, shell = entry.split(":")[2], entry.split(":")[3], entry.split(":")[5], entry.split(":")[6]
+    assert home == "/var/lib/edge-agent" and shell == "/usr/sbin/nologin" and int(uid) < 1000
+    video = [g for g in (root / "etc" / "group").read_text().splitlines() if g.startswith("video:")]
+    assert not video or "edge-agent" in video[0].split(":")[3].split(",")
+    assert "edge-agent" not in Path("/etc/passwd").read_text().split(":")[0::6]  # the host is untouched
+
+    etc = root / "etc" / "edge-agent"
+    for path, mode in ((etc, 0o750), (etc / "agent.yaml", 0o640), (etc / "edge-agent.env", 0o640)):
+        st = path.stat()
+        assert stat.S_IMODE(st.st_mode) == mode, path
+        assert st.st_uid == 0 and st.st_gid == int(gid), path  # root-owned, readable by the service group
+    unit = root / "etc" / "systemd" / "system" / "edge-agent.service"
+    assert f"ExecStart={EXE} run -c /etc/edge-agent/agent.yaml" in unit.read_text()
+    out = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+    # A second run keeps the operator's files and says so.
+    (etc / "agent.yaml").write_text("# mine\n")
+    lines.clear()
+    Installer(root, "edge-agent", EXE, say=lines.append).run()
+    assert (etc / "agent.yaml").read_text() == "# mine\n"
+    assert any("agent.yaml: kept" in line for line in lines)
+    assert any("user edge-agent: exists" in line for line in lines)
+
+
+def test_installed_example_config_runs_the_bundled_model_as_shipped(tmp_path: Path) -> None:
+    from agent.daemon import Agent
+
+    root = tmp_path / "root"
+    Installer(root, "edge-agent", EXE, say=lambda _l: None).run()
+    cfg = load_config(root / "etc" / "edge-agent" / "agent.yaml")
+    assert cfg.cameras["demo"].url and Path(cfg.cameras["demo"].url).exists()
+    # Only where it writes and talks to moves: a temp engine dir, and no broker in this test.
+    no_broker = cfg.mqtt.model_copy(update={"enabled": False})
+    cfg = cfg.model_copy(update={"engine_dir": tmp_path / "engines", "mqtt": no_broker})
+    agent = Agent(cfg, console=False)
+    try:
+        agent.start()
+        assert wait_until(lambda: agent.results_out.get("detector", 0) >= 3, 60)
+    finally:
+        t0 = time.monotonic()
+        agent.stop()
+    assert time.monotonic() - t0 < 10
+
+
+def test_installer_refuses_what_would_fail_under_the_unit(tmp_path: Path) -> None:
+    with pytest.raises(InstallError, match="ProtectHome"):
+        Installer(tmp_path, "edge-agent", Path("/home/me/.venv/bin/edge-agent"), say=lambda _l: None).run()
+    if os.geteuid() != 0:
+        with pytest.raises(InstallError, match="needs root"):
+            Installer(Path("/"), "edge-agent", EXE, say=lambda _l: None).run()
+
+
+def test_install_service_cli_dry_run_changes_nothing(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "install-service", "--root", str(tmp_path / "r"), "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "systemctl enable --now edge-agent" in out.stdout
+    assert not (tmp_path / "r").exists()
