@@ -131,7 +131,7 @@ def test_ready_only_after_first_inference_and_watchdog_follows_frame_progress(
     finally:
         gate.open.set()
         agent.stop()
-    assert notify.lifecycle() == ["READY", "STOPPING"]
+    assert notify.wait_for(lambda m: notify.lifecycle() == ["READY", "STOPPING"], 5), notify.lifecycle()
 
 
 def test_zero_cameras_streaming_keeps_the_watchdog_fed(
@@ -180,7 +180,8 @@ def test_reload_and_stop_sequence_of_the_real_process(tmp_path: Path, notify: No
         assert abs(int(reloading["MONOTONIC_USEC"]) / 1e6 - time.clock_gettime(time.CLOCK_MONOTONIC)) < 30
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
-        assert notify.lifecycle() == ["READY", "RELOADING", "READY", "STOPPING"]
+        seq = ["READY", "RELOADING", "READY", "STOPPING"]
+        assert notify.wait_for(lambda m: notify.lifecycle() == seq, 5), notify.lifecycle()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -262,3 +263,86 @@ def test_ready_waits_for_every_camera_to_be_tried_and_a_result_per_streaming_mod
     assert is_ready(Progress({"a": "streaming"}, {"m": m_done}, 0))
     assert is_ready(Progress({"a": "reconnecting"}, {"m": m_no_camera_up}, 0))
     assert is_ready(Progress({}, {"m": m_no_camera_up}, 0))
+
+
+def test_start_up_asks_for_more_time_while_a_model_loads(
+    tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.service import extending
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
+    notifier = Notifier()
+    with extending(notifier, "starting: loading model big", grant_s=0.6):
+        time.sleep(1.0)
+    done = time.monotonic()
+    time.sleep(0.5)
+    ext = [(t, f) for t, f in notify.messages if "EXTEND_TIMEOUT_USEC" in f]
+    assert len(ext) >= 4  # at once, then every grant/3 while the block runs
+    assert all(f["EXTEND_TIMEOUT_USEC"] == "600000" for _, f in ext)
+    assert all(f["STATUS"] == "starting: loading model big" for _, f in ext)
+    assert all(t <= done + 0.05 for t, _ in ext)  # nothing once the block ended
+
+    # The real agent does it around each model it opens, before READY.
+    agent = in_process_agent(tmp_path, notify, monkeypatch, str(ASSETS / "bikes.mp4"))
+    try:
+        agent.start()
+        assert notify.wait_for(lambda m: "READY" in notify.lifecycle(), 30)
+    finally:
+        agent.stop()
+    msgs = notify.messages
+    ready_at = notify.times("READY")[0]
+    loading = [t for t, f in msgs if f.get("STATUS") == "starting: loading model detector"]
+    assert loading and loading[0] < ready_at
+
+
+def test_reloads_reopen_add_and_remove_models_in_the_running_agent(
+    tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
+    data = config(tmp_path, str(ASSETS / "bikes.mp4"))
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(data))
+    from agent.config import load_config
+
+    agent = Agent(load_config(path), console=False, config_path=path, notifier=Notifier())
+    try:
+        agent.start()
+        assert wait_until(lambda: agent.results_out["detector"] >= 2, 30)
+        old_worker, old_backend = agent.workers["detector"], agent.workers["detector"].backend
+
+        # 1. A changed model section: the model is reopened, its camera restarted on the new worker.
+        data["models"]["detector"]["iou_threshold"] = 0.6
+        path.write_text(yaml.safe_dump(data))
+        assert agent.reload()
+        assert agent.workers["detector"] is not old_worker and not old_worker.running
+        assert not old_backend.loaded  # closed once its worker stopped
+        n = agent.results_out["detector"]
+        assert wait_until(lambda: agent.results_out["detector"] >= n + 2, 30)
+
+        # 2. A second model with a camera of its own, then the first one removed with its camera.
+        data["models"]["second"] = dict(data["models"]["detector"])
+        data["cameras"]["side"] = {"url": str(ASSETS / "bikes.mp4"), "model": "second", "fps": 10}
+        path.write_text(yaml.safe_dump(data))
+        assert agent.reload()
+        assert wait_until(lambda: agent.results_out.get("second", 0) >= 2, 30)
+        del data["models"]["detector"], data["cameras"]["street"]
+        path.write_text(yaml.safe_dump(data))
+        assert agent.reload()
+        assert set(agent.workers) == {"second"} and set(agent.cameras) == {"side"}
+        assert agent.engines.models == [] or "detector" not in agent.engines.models
+        n = agent.results_out["second"]
+        assert wait_until(lambda: agent.results_out["second"] >= n + 2, 30)
+
+        # 3. A broken one: refused, said in the service status, the agent as it was.
+        path.write_text("models: {}\n")
+        assert not agent.reload()
+        assert agent.last_reload is not None and agent.last_reload["ok"] is False
+        assert "agent.yaml: cameras: required key is missing" in agent.last_reload["error"]
+        assert set(agent.workers) == {"second"}
+        failed = notify.wait_for(lambda m: any("last reload failed" in f.get("STATUS", "") for _, f in m), 5)
+        assert failed, notify.messages[-3:]
+    finally:
+        agent.stop()
+    assert notify.wait_for(lambda m: notify.lifecycle().count("RELOADING") == 4, 5), notify.lifecycle()
