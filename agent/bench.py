@@ -1,153 +1,189 @@
-"""Benchmark: per-stage latency on the bundled clip, and the pipeline's own cost with inference excluded.
+"""`edge-agent bench`: the whole pipeline under load, like trtexec for an engine.
 
-A report, not a test: writes `bench.json` (and `bench.png` when matplotlib is installed).
+    edge-agent bench                                              # stages, overhead, sweep (simulated engine)
+    edge-agent bench --sections sweep --streams 16 --batch 8 --duration 300   # the long no-growth run
+    edge-agent bench --engine ort --streams 4 --batch 1,4         # ONNX Runtime vs its bare loop
+    edge-agent bench --resolution 1920x1080 --preprocess gpu --streams 16 --batch 8   # a GPU box
+    edge-agent bench --rtsp 'rtsp://127.0.0.1:8554/cam{i}' --streams 4   # tools/rtsp_server.py --mounts 4
+
+Sections (`--sections`, all by default):
+- stages: each stage of one frame at a time on the bundled clip with ONNX Runtime (decode, preprocess,
+  infer, postprocess, publish) and the sequential frame rate;
+- overhead: the agent's own cost per frame (scheduler, preprocess, postprocess, payload) with inference
+  replayed from recorded outputs, one frame at a time, at the clip's size and at 1920x1080;
+- sweep: N streams (N looped copies of the clip at --fps each, decoded once into memory; or real camera
+  readers with --decode / --rtsp) into the pipelined worker, for every --streams x --batch, after a
+  warm-up: offered and processed frames/s, frame age p50/p95/p99 at delivery, per-stage times, engine
+  busy time (device time), process CPU per frame, a timeline (throughput, age p95, RSS) for growth.
+  The engine is the simulated one (--engine sim: NanoDet outputs recorded with ONNX Runtime, replayed
+  with a fixed --engine-ms per batch that releases the GIL, --slots batches at once) or ONNX Runtime
+  itself (--engine ort, with its bare infer loop at the same batch as the baseline).
+
+Writes bench.json and bench.png (throughput vs streams, latency vs batch; needs matplotlib) in --out and
+prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's dependencies are missing.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from agent.bench_args import BenchOptions, add_arguments, options_from_args
+from agent.bench_load import LoopedClip, Readers, RunSpec, measure, read_clip
+from agent.bench_plot import plot
 from agent.results import detection_fields
 from agent.topics import payload
+from engines.runtimes.base import Backend, TensorSpec
 from engines.runtimes.ort import OrtBackend
 from engines.runtimes.replay import ReplayBackend
 from pipelines.frames import Frame
-from pipelines.models import make_adapter
+from pipelines.models import ModelAdapter, make_adapter
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
+from pipelines.sources import FrameSlot, SourceSpec
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-
-
-def _pct(samples: list[float]) -> dict[str, float]:
-    a = np.asarray(samples, dtype=np.float64)
-    return {
-        "p50": round(float(np.percentile(a, 50)), 3),
-        "p95": round(float(np.percentile(a, 95)), 3),
-        "mean": round(float(a.mean()), 3),
-        "n": int(a.size),
-    }
+OVERHEAD_TARGET_MS = {"640x272": 0.6, "1920x1080": 1.0}  # issue 10: agent overhead per frame, CPU path
+RECORDED_FRAMES = 16  # outputs recorded with ONNX Runtime for the simulated engine to replay
 
 
-def _decode_all(clip: Path, limit: int) -> tuple[list[np.ndarray], list[float]]:
-    import cv2
-
-    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG)
-    frames, times = [], []
-    try:
-        while len(frames) < limit:
-            t0 = time.perf_counter()
-            ok, img = cap.read()
-            t1 = time.perf_counter()
-            if not ok:
-                break
-            frames.append(img)
-            times.append((t1 - t0) * 1000)
-    finally:
-        cap.release()
-    if not frames:
-        raise RuntimeError(f"{clip}: no frames decoded")
-    return frames, times
-
-
-def run_bench(
-    out_dir: Path,
-    frames_limit: int = 200,
-    model: Path | None = None,
-    clip: Path | None = None,
-    threads: int = 0,
-) -> dict:
-    model = model or ASSETS / "nanodet-m-416.onnx"
-    clip = clip or ASSETS / "bikes.mp4"
-    labels = load_labels(ASSETS / "coco.names")
-    images, decode_ms = _decode_all(clip, frames_limit)
-
-    backend = OrtBackend(str(model), intra_threads=threads)
-    backend.load()
-    adapter = make_adapter("nanodet", backend.input_spec, len(labels))
-
-    # 1) Full pipeline, stage by stage, with ONNX Runtime on this machine's CPU.
-    stages: dict[str, list[float]] = {k: [] for k in ("preprocess", "infer", "postprocess", "publish")}
-    recorded: list[dict[str, np.ndarray]] = []
-    t_start = time.perf_counter()
-    for i, img in enumerate(images):
-        t0 = time.perf_counter()
-        tensor, boxes = adapter.preprocess([img])
-        t1 = time.perf_counter()
-        outputs = backend.infer(tensor)
-        t2 = time.perf_counter()
-        dets = adapter.postprocess(outputs, boxes, score_threshold=0.4)
-        t3 = time.perf_counter()
-        frame = Frame("bench", i, img, time.time())
-        body = payload(
-            "detections",
-            **detection_fields(Result(frame, dets[0], "nanodet", backend.name, backend.precision, 1), labels),
-        )
-        t4 = time.perf_counter()
-        assert body  # keep the serialisation from being optimised into nothing by a future refactor
-        for k, a, b in (
-            ("preprocess", t0, t1),
-            ("infer", t1, t2),
-            ("postprocess", t2, t3),
-            ("publish", t3, t4),
-        ):
-            stages[k].append((b - a) * 1000)
-        if len(recorded) < 64:
-            recorded.append({k: v.copy() for k, v in outputs.items()})
-    elapsed = time.perf_counter() - t_start
-    input_spec = backend.input_spec
-    backend.close()
-
-    report: dict = {
+# ---- the run -----------------------------------------------------------------------------------------------
+def run_bench(opts: BenchOptions) -> dict[str, Any]:
+    labels = load_labels(opts.labels)
+    ort = OrtBackend(str(opts.model), intra_threads=opts.threads)
+    ort.load()
+    input_spec = ort.input_spec
+    adapter = make_adapter(opts.format, input_spec, len(labels))
+    report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "processor": platform.processor(),
+            "load_avg": list(os.getloadavg()),
         },
-        "model": model.name,
-        "clip": clip.name,
-        "frames": len(images),
-        "stages_ms": {"decode": _pct(decode_ms), **{k: _pct(v) for k, v in stages.items()}},
-        "fps_sequential": round(len(images) / elapsed, 2),
+        "model": opts.model.name,
+        "clip": opts.clip.name,
+        "options": _jsonable(opts),
     }
-
-    # 2) The agent's own cost per frame: scheduler + preprocess + postprocess + payload, model replayed.
-    import cv2
-
-    replay = ReplayBackend(input_spec, recorded)
-    replay.load()
-    report["overhead_ms"] = {}
-    for label, size in (("640x272", None), ("1920x1080", (1920, 1080))):
-        imgs = images if size is None else [cv2.resize(im, size) for im in images[:64]]
-        report["overhead_ms"][label] = _overhead(replay, adapter, labels, imgs)
-    report["overhead_target_ms"] = 1.0
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    _plot(report, out_dir / "bench.png")
+    try:
+        if "stages" in opts.sections:
+            report.update(_stages(opts, ort, adapter, labels))
+        if "overhead" in opts.sections or "sweep" in opts.sections:
+            images = read_clip(opts.clip, max(opts.clip_frames, RECORDED_FRAMES), opts.resolution)
+            recorded = [ort.infer(adapter.preprocess([im])[0]) for im in images[:RECORDED_FRAMES]]
+            report["resolution"] = f"{images[0].shape[1]}x{images[0].shape[0]}"
+        if not (opts.engine == "ort" and "sweep" in opts.sections):
+            ort.close()  # its idle thread pool would only compete with (and be counted as) the agent
+        if "overhead" in opts.sections:
+            report["overhead_ms"] = _overhead_report(opts, input_spec, recorded, adapter, labels, images)
+            report["overhead_target_ms"] = OVERHEAD_TARGET_MS
+        if "sweep" in opts.sections:
+            report["engine"] = _engine_description(opts)
+            bare = ort if opts.engine == "ort" else None
+            report["runs"] = _sweep(opts, input_spec, recorded, adapter, labels, images, bare)
+    finally:
+        ort.close()
+    report["summary"] = summary(report)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["plot"] = plot(report, opts.out / "bench.png")
     return report
 
 
+def _stages(opts: BenchOptions, ort: OrtBackend, adapter: ModelAdapter, labels: list[str]) -> dict[str, Any]:
+    """Each stage of one frame at a time, ONNX Runtime on this CPU (the sequential baseline)."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(opts.clip), cv2.CAP_FFMPEG)
+    times: dict[str, list[float]] = {
+        k: [] for k in ("decode", "preprocess", "infer", "postprocess", "publish")
+    }
+    n = 0
+    t_start = time.perf_counter()
+    try:
+        while n < opts.frames:
+            t0 = time.perf_counter()
+            ok, img = cap.read()
+            t1 = time.perf_counter()
+            if not ok:
+                break
+            tensor, boxes = adapter.preprocess([img])
+            t2 = time.perf_counter()
+            outputs = ort.infer(tensor)
+            t3 = time.perf_counter()
+            dets = adapter.postprocess(outputs, boxes, score_threshold=0.4)
+            t4 = time.perf_counter()
+            result = Result(Frame("bench", n, img, time.time()), dets[0], "bench", ort.name, ort.precision, 1)
+            body = payload("detections", **detection_fields(result, labels))
+            t5 = time.perf_counter()
+            assert body  # keep the serialisation from being optimised into nothing by a future refactor
+            for k, a, b in (
+                ("decode", t0, t1),
+                ("preprocess", t1, t2),
+                ("infer", t2, t3),
+                ("postprocess", t3, t4),
+                ("publish", t4, t5),
+            ):
+                times[k].append((b - a) * 1000)
+            n += 1
+    finally:
+        cap.release()
+    elapsed = time.perf_counter() - t_start
+    return {
+        "frames": n,
+        "stages_ms": {k: _pct(v) for k, v in times.items()},
+        "fps_sequential": round(n / elapsed, 2),
+    }
+
+
+def _overhead_report(
+    opts: BenchOptions,
+    spec: TensorSpec,
+    recorded: list[dict[str, np.ndarray]],
+    adapter: ModelAdapter,
+    labels: list[str],
+    images: list[np.ndarray],
+) -> dict[str, Any]:
+    import cv2
+
+    out = {}
+    sizes = {f"{images[0].shape[1]}x{images[0].shape[0]}": images}
+    if "1920x1080" not in sizes:
+        sizes["1920x1080"] = [cv2.resize(im, (1920, 1080)) for im in images[:32]]
+    for label, imgs in sizes.items():
+        replay = ReplayBackend(spec, recorded)
+        replay.load()
+        out[label] = _overhead(replay, adapter, labels, imgs)
+    return out
+
+
 def _overhead(
-    replay: ReplayBackend, adapter: object, labels: list[str], images: list[np.ndarray], rounds: int = 2
-) -> dict:
-    published: list[bytes] = []
+    replay: ReplayBackend, adapter: ModelAdapter, labels: list[str], images: list[np.ndarray], rounds: int = 10
+) -> dict[str, Any]:
+    """One frame at a time through run_once (scheduler, preprocess, replayed infer, postprocess, payload)."""
+    published = 0
 
     def sink(result: Result) -> None:
-        published.append(payload("detections", **detection_fields(result, labels)))
+        nonlocal published
+        body = payload("detections", **detection_fields(result, labels))
+        result.frame.stamp("published")
+        published += bool(body)
 
-    worker = ModelWorker("bench", replay, adapter, [sink], batch_wait_s=0.0)  # type: ignore[arg-type]
+    worker = ModelWorker("bench", replay, adapter, [sink], batch_wait_s=0.0)
     slot = worker.new_slot()
     worker.add_camera(CameraRoute("bench", slot, None, 0.4))
-    per_frame, breakdown = [], {"preprocess": [], "postprocess": []}
+    per_frame: list[float] = []
+    parts: dict[str, list[float]] = {"preprocess": [], "postprocess": [], "publish": [], "sum": []}
     n = 0
+    cpu0 = time.process_time()
     for _ in range(rounds):
         for img in images:
             frame = Frame("bench", n, img, time.time())
@@ -157,39 +193,252 @@ def _overhead(
             worker.run_once(timeout=1.0)
             per_frame.append((time.perf_counter() - t0) * 1000)
             s = frame.stamps
-            breakdown["preprocess"].append((s["preprocessed"] - s["dequeued"]) * 1000)
-            breakdown["postprocess"].append((s["postprocessed"] - s["inferred"]) * 1000)
+            pre = (s["preprocessed"] - s["dequeued"]) * 1000
+            post = (s["postprocessed"] - s["inferred"]) * 1000
+            pub = (s["published"] - s["postprocessed"]) * 1000
+            for k, v in (
+                ("preprocess", pre),
+                ("postprocess", post),
+                ("publish", pub),
+                ("sum", pre + post + pub),
+            ):
+                parts[k].append(v)
             n += 1
-    if len(published) != n:
-        raise RuntimeError(f"bench: {n} frames in, {len(published)} payloads out")
-    return {"per_frame": _pct(per_frame), **{k: _pct(v) for k, v in breakdown.items()}}
+    cpu = time.process_time() - cpu0
+    if published != n:
+        raise RuntimeError(f"bench: {n} frames in, {published} payloads out")
+    return {
+        "per_frame": _pct(per_frame),  # wall time of the whole run_once: what the agent adds per frame
+        "cpu_ms_per_frame": round(cpu * 1000 / n, 3),
+        **{k: _pct(v) for k, v in parts.items()},
+    }
 
 
-def _plot(report: dict, path: Path) -> None:
+def _bare_loop(
+    ort: OrtBackend, adapter: ModelAdapter, images: list[np.ndarray], batch: int, seconds: float
+) -> float:
+    """ONNX Runtime's own throughput (frames/s) at `batch`: infer on a ready batch, nothing else."""
+    tensor, _ = adapter.preprocess([images[i % len(images)] for i in range(batch)])
+    for _ in range(2):
+        ort.infer(tensor)  # warm-up
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        ort.infer(tensor)
+        n += batch
+    return n / (time.perf_counter() - t0)
+
+
+def _engine_description(opts: BenchOptions) -> dict[str, Any]:
+    if opts.engine == "ort":
+        return {"kind": "onnxruntime", "threads": opts.threads}
+    return {"kind": "simulated", "ms_per_batch": opts.engine_ms, "slots": opts.slots}
+
+
+def _sweep(
+    opts: BenchOptions,
+    spec: TensorSpec,
+    recorded: list[dict[str, np.ndarray]],
+    adapter: ModelAdapter,
+    labels: list[str],
+    images: list[np.ndarray],
+    bare: OrtBackend | None,
+) -> list[dict[str, Any]]:
+    """Every --streams x --batch. With ONNX Runtime, its bare loop at the same batch is measured right
+    before and right after each run (the machine's load drifts), and the run compared with their mean."""
+    images, keep = _placed(opts, images)
+    runs = []
     try:
-        import matplotlib
+        for batch in opts.batch:
+            for streams in opts.streams:
+                run_spec = RunSpec(
+                    streams,
+                    batch,
+                    opts.fps,
+                    opts.warmup_s,
+                    opts.duration_s,
+                    opts.iterations,
+                    opts.max_age_ms,
+                    opts.window_s,
+                )
+                seconds = max(3.0, opts.duration_s / 3)
+                before = _bare_loop(bare, adapter, images, batch, seconds) if bare is not None else None
+                backend = _backend(opts, spec, recorded)
+                gpu = _gpu() if opts.preprocess == "gpu" else None
+                run = measure(run_spec, backend, adapter, labels, _sources(opts, images), gpu)
+                if bare is not None and before is not None:
+                    after = _bare_loop(bare, adapter, images, batch, seconds)
+                    run["bare_loop_fps"] = [round(before, 2), round(after, 2)]
+                    run["vs_bare_loop"] = round(2 * run["processed_fps"] / (before + after), 3)
+                print(_run_line(run), file=sys.stderr, flush=True)
+                runs.append(run)
+    finally:
+        for buf in keep:
+            buf.free()
+    return runs
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(report["stages_ms"])
-    x = np.arange(len(names))
-    a1.bar(x - 0.2, [report["stages_ms"][k]["p50"] for k in names], 0.4, label="p50")
-    a1.bar(x + 0.2, [report["stages_ms"][k]["p95"] for k in names], 0.4, label="p95")
-    a1.set_xticks(x, names)
-    a1.set_ylabel("ms per frame")
-    a1.set_title(f"Stages, {report['model']} on {report['clip']} (ONNX Runtime CPU)")
-    a1.legend()
-    res = list(report["overhead_ms"])
-    x2 = np.arange(len(res))
-    a2.bar(x2 - 0.2, [report["overhead_ms"][r]["per_frame"]["p50"] for r in res], 0.4, label="p50")
-    a2.bar(x2 + 0.2, [report["overhead_ms"][r]["per_frame"]["p95"] for r in res], 0.4, label="p95")
-    a2.axhline(report["overhead_target_ms"], color="red", linestyle="--", label="target")
-    a2.set_xticks(x2, res)
-    a2.set_title("Agent overhead per frame, inference replayed")
-    a2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+def _placed(opts: BenchOptions, images: list[np.ndarray]) -> tuple[list[np.ndarray], list[Any]]:
+    """The looped streams' frames; with GPU preprocessing, in pinned memory (as a decoder writing into
+    pinned buffers would leave them: the upload then costs the CPU nothing)."""
+    images = images[: opts.clip_frames]
+    if opts.preprocess != "gpu":
+        return images, []
+    from engines.cuda_buffers import PinnedBuffer
+
+    keep, placed = [], []
+    for im in images:
+        buf = PinnedBuffer(im.nbytes)
+        view = buf.view(np.dtype(np.uint8), im.shape)
+        view[...] = im
+        keep.append(buf)
+        placed.append(view)
+    return placed, keep
+
+
+def _backend(opts: BenchOptions, spec: TensorSpec, recorded: list[dict[str, np.ndarray]]) -> Backend:
+    backend: Backend
+    if opts.engine == "ort":
+        backend = OrtBackend(str(opts.model), intra_threads=opts.threads)
+    else:
+        backend = ReplayBackend(spec, recorded, latency_ms=opts.engine_ms, slots=opts.slots)
+    backend.load()
+    return backend
+
+
+def _gpu() -> Any:
+    from pipelines.preprocess_gpu import GpuLetterbox
+
+    return GpuLetterbox()
+
+
+def _sources(opts: BenchOptions, images: list[np.ndarray]) -> Any:
+    def make(slots: list[tuple[str, FrameSlot]]) -> LoopedClip | Readers:
+        if opts.rtsp is None and not opts.decode:
+            return LoopedClip(images, slots, opts.fps)
+        specs = []
+        for i, (cam, _) in enumerate(slots):
+            if opts.rtsp is not None:
+                specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(i + 1)), fps=opts.fps))
+            else:
+                specs.append(SourceSpec(camera=cam, url=str(opts.clip), fps=opts.fps, loop=True))
+        return Readers(specs, [s for _, s in slots])
+
+    return make
+
+
+# ---- reporting ---------------------------------------------------------------------------------------------
+def _pct(samples: list[float]) -> dict[str, float | int | None]:
+    a = np.asarray(samples, dtype=np.float64)
+    if not a.size:
+        return {"p50": None, "p95": None, "mean": None, "n": 0}
+    return {
+        "p50": round(float(np.percentile(a, 50)), 3),
+        "p95": round(float(np.percentile(a, 95)), 3),
+        "mean": round(float(a.mean()), 3),
+        "n": int(a.size),
+    }
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    lat = run["latency_ms"]
+    return (
+        f"bench: {run['streams']:>2} streams, batch <= {run['batch']}: offered {run['offered_fps']:.1f} fps, "
+        f"processed {run['processed_fps']:.1f} ({100 * (run['processed_ratio'] or 0):.1f} %), "
+        f"age p50/p95/p99 {lat['p50']}/{lat['p95']}/{lat['p99']} ms, "
+        f"mean batch {run['mean_batch']}, CPU {run['cpu_ms_per_frame']} ms/frame"
+    )
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One paragraph: what ran, the headline numbers, where the report is."""
+    parts = []
+    eng = report.get("engine")
+    runs = report.get("runs") or []
+    if runs and eng:
+        what = (
+            f"simulated engine {eng['ms_per_batch']:g} ms per batch ({eng['slots']} slot"
+            f"{'s' if eng['slots'] > 1 else ''})"
+            if eng["kind"] == "simulated"
+            else "ONNX Runtime on this CPU"
+        )
+        opts = report["options"]
+        src = "RTSP" if opts["rtsp"] else ("decoded by camera readers" if opts["decode"] else "decoded once")
+        parts.append(
+            f"{what}, {report['clip']} at {report['resolution']} ({src}) at {opts['fps']:g} fps per stream, "
+            f"{opts['preprocess'].upper()} preprocessing, max age {opts['max_age_ms']:g} ms."
+        )
+        best = max(runs, key=lambda r: (r["streams"], r["batch"]))
+        lat = best["latency_ms"]
+        line = (
+            f" {best['streams']} streams, batch <= {best['batch']}: "
+            f"offered {best['offered_fps']:.1f} frames/s, "
+            f"processed {best['processed_fps']:.1f} ({100 * (best['processed_ratio'] or 0):.1f} %), "
+            f"frame age p50 {lat['p50']} / p95 {lat['p95']} / p99 {lat['p99']} ms, mean batch "
+            f"{best['mean_batch']}, agent CPU {best['cpu_ms_per_frame']} ms per frame"
+        )
+        if best.get("engine_busy") is not None:
+            line += f", engine busy {100 * best['engine_busy']:.0f} %"
+        if best.get("vs_bare_loop") is not None:
+            line += f", {best['vs_bare_loop']:.2f}x the bare ONNX Runtime loop"
+        parts.append(line + ".")
+        grew = _growth(best)
+        if grew:
+            parts.append(" " + grew)
+    if "overhead_ms" in report:
+        o = report["overhead_ms"]
+        each = ", ".join(
+            f"{k}: {v['per_frame']['p50']} ms p50 (pre+post+publish {v['sum']['p50']} ms)"
+            for k, v in o.items()
+        )
+        parts.append(f" Agent overhead per frame, inference replayed, one frame at a time: {each}.")
+    if "fps_sequential" in report:
+        infer = report["stages_ms"]["infer"]["p50"]
+        parts.append(f" Sequential ONNX Runtime: {report['fps_sequential']} fps (infer p50 {infer} ms).")
+    return "".join(parts).strip()
+
+
+def _growth(run: dict[str, Any]) -> str:
+    tl = [w for w in run.get("timeline", []) if w.get("age_p95_ms") is not None]
+    if len(tl) < 3:
+        return ""
+    first, last = tl[0], tl[-1]
+    own = (last["rss_mb"] - last["records_mb"]) - (first["rss_mb"] - first["records_mb"])
+    return (
+        f"Over {last['t_s']:g} s: RSS {first['rss_mb']} -> {last['rss_mb']} MB ({own:+.1f} MB without the "
+        f"bench's own per-frame records), frame age p95 {first['age_p95_ms']} -> {last['age_p95_ms']} ms "
+        f"(first -> last window of {tl[0]['t_s']:g} s)."
+    )
+
+
+def _jsonable(opts: BenchOptions) -> dict[str, Any]:
+    out = {}
+    for k, v in vars(opts).items():
+        out[k] = str(v) if isinstance(v, Path) else (list(v) if isinstance(v, tuple) else v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agent.bench`: `edge-agent bench` where the CLI's dependencies are missing."""
+    import logging
+
+    p = argparse.ArgumentParser(prog="python -m agent.bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        print(f"edge-agent bench: {exc}", file=sys.stderr)
+        return 2
+    report = run_bench(opts)
+    print(report["summary"])
+    print(f"report: {opts.out / 'bench.json'}" + (f", plot: {report['plot']}" if report["plot"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -15,6 +14,7 @@ from engines.errors import EngineError
 from engines.plan import REQUESTABLE
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+LOG_LEVELS = ["debug", "info", "warning", "error"]
 DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
 DEMO_LABELS = ASSETS / "coco.names"
 DEMO_CLIP = ASSETS / "bikes.mp4"
@@ -95,32 +95,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from agent.preflight import preflight
+
     cfg = load_config(args.config)
-    setup_logging(args.log_level or cfg.log_level)
+    problems = preflight(cfg, args.config)  # files, labels, model outputs vs format, classes
+    if problems:
+        raise ConfigError("\n".join(problems))
     if args.check_config:
         print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
         return 0
+    setup_logging(args.log_level or cfg.log_level)
     return _run_agent(cfg, config_path=args.config)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    from agent.bench import run_bench
+    from agent.bench import run_from_args
 
-    out = Path(args.out)
-    report = run_bench(out, frames_limit=args.frames, threads=args.threads)
-    print(
-        json.dumps(
-            {
-                "stages_ms": report["stages_ms"],
-                "fps_sequential": report["fps_sequential"],
-                "overhead_ms": report["overhead_ms"],
-            },
-            indent=2,
-        )
-    )
-    print(f"report: {out / 'bench.json'}")
-    return 0
+    return run_from_args(args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -156,6 +148,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return run_validate(cfg, args.model, args.precision, args.method, args.json)
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    setup_logging(args.log_level)
+    from agent.lifecycle.profile import run_profile
+
+    return run_profile(cfg, args.model, args.precision, args.iterations, args.top, Path(args.out), args.json)
+
+
 def cmd_install_service(args: argparse.Namespace) -> int:
     from agent.install import InstallError, install_service
 
@@ -171,19 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
     )
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the bundled model on the bundled clip (no GPU, no broker needed)")
     d.add_argument("--mqtt-host", default="localhost")
     d.add_argument("--mqtt-port", type=int, default=1883)
     d.add_argument("--clip", help="another video file to loop instead of the bundled one")
-    d.add_argument("--log-level", default="warning")
+    d.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     d.set_defaults(func=cmd_demo)
 
     r = sub.add_parser("run", help="run the daemon")
     r.add_argument("-c", "--config", required=True)
     r.add_argument("--check-config", action="store_true", help="validate the config and exit")
-    r.add_argument("--log-level", default=None)
+    r.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="default: the config's log_level")
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser(
@@ -192,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-c", "--config", required=True)
     c.add_argument("--model")
     c.add_argument("--json", action="store_true")
-    c.add_argument("--log-level", default="warning")
+    c.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     c.set_defaults(func=cmd_check)
 
     rb = sub.add_parser("rebuild", help="build engines that do not fit (or all with --force); daemon may run")
@@ -207,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="wait up to S seconds for another build of the same model (default: fail at once)",
     )
-    rb.add_argument("--log-level", default="warning")
+    rb.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     rb.set_defaults(func=cmd_rebuild)
 
     cal = sub.add_parser(
@@ -224,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="live cameras: seconds apart (default: its calibration.interval_s)",
     )
-    cal.add_argument("--log-level", default="warning")
+    cal.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     cal.set_defaults(func=cmd_calibrate)
 
     val = sub.add_parser("validate", help="accuracy gate on the held-out frames (exit 0 pass, 1 fail)")
@@ -233,8 +234,25 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--precision", choices=REQUESTABLE, help="default: the model's")
     val.add_argument("--method", choices=["entropy", "minmax", "percentile"], help="int8 calibration method")
     val.add_argument("--json", action="store_true", help="print the validation object (+ model, precision)")
-    val.add_argument("--log-level", default="warning")
+    val.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     val.set_defaults(func=cmd_validate)
+
+    pr = sub.add_parser(
+        "profile", help="per-layer time (p50, share) of one inference: table, JSON report and bar chart"
+    )
+    pr.add_argument("-c", "--config", required=True)
+    pr.add_argument("--model", help="default: every model")
+    pr.add_argument(
+        "--precision",
+        choices=["fp32", "fp16", "int8"],
+        help="default: the model's (best: int8); on ONNX Runtime fp16/int8 are profiled next to fp32",
+    )
+    pr.add_argument("--iterations", type=int, default=50, help="profiled inferences (after one warm-up)")
+    pr.add_argument("--top", type=int, default=15, help="layers in the table and the chart")
+    pr.add_argument("--out", default="profile-out", help="folder for {model}.json, .png and ORT traces")
+    pr.add_argument("--json", action="store_true", help="print the report instead of the table")
+    pr.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
+    pr.set_defaults(func=cmd_profile)
 
     ins = sub.add_parser(
         "install-service", help="create the service user, /etc/edge-agent and the systemd unit (root)"
@@ -244,11 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     ins.set_defaults(func=cmd_install_service)
 
-    b = sub.add_parser("bench", help="per-stage latency benchmark on the bundled clip (JSON report + plot)")
-    b.add_argument("--out", default="bench-out")
-    b.add_argument("--frames", type=int, default=200)
-    b.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
-    b.add_argument("--log-level", default="warning")
+    b = sub.add_parser(
+        "bench",
+        help="pipeline benchmark: stages, agent overhead, streams x batch sweep (JSON report + plot)",
+        description="trtexec-like benchmark of the whole pipeline; see agent/bench.py and README (Benchmark)",
+    )
+    from agent.bench_args import add_arguments as add_bench_arguments
+
+    add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
     return p
 
@@ -262,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:  # a bug, or bad input we did not foresee: one line, the traceback on --debug
+        if args.debug:
+            raise
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"edge-agent: internal error: {why} (--debug shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

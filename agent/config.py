@@ -6,6 +6,7 @@ excluded from the model repr and shown through `mask_url`, the MQTT password is 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -18,11 +19,13 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from agent.tls import TlsFileError, TlsOptions, client_context
 from engines.plan import Precision
 from pipelines.urls import mask_url
 
@@ -39,9 +42,9 @@ class _Strict(BaseModel):
 
 
 class BatchConfig(_Strict):
-    min: int = Field(1, ge=1)
-    opt: int = Field(1, ge=1)
-    max: int = Field(1, ge=1)
+    min: int = Field(1, ge=1, le=256)
+    opt: int = Field(1, ge=1, le=256)
+    max: int = Field(1, ge=1, le=256)
 
     @model_validator(mode="after")
     def _ordered(self) -> BatchConfig:
@@ -53,11 +56,11 @@ class BatchConfig(_Strict):
 class CalibrationConfig(_Strict):
     source: Literal["cameras", "folder"] = "cameras"
     folder: Path | None = None
-    samples: int = Field(500, gt=0)
+    samples: int = Field(500, gt=0, le=100_000)
     # minmax by default: measured best on the bundled detector (README precision table).
     method: Literal["entropy", "minmax", "percentile"] = "minmax"
     # At most one frame per camera per interval, so the frames span minutes of scene change.
-    interval_s: float = Field(1.0, gt=0)
+    interval_s: float = Field(1.0, gt=0, le=86400)
 
 
 class AccuracyGateConfig(_Strict):
@@ -65,12 +68,12 @@ class AccuracyGateConfig(_Strict):
 
 
 class ThreadsConfig(_Strict):
-    intra: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0 = its default)")
-    inter: int = Field(0, ge=0)
+    intra: int = Field(0, ge=0, le=256, description="ONNX Runtime intra-op threads (0 = its default)")
+    inter: int = Field(0, ge=0, le=256)
 
 
 class EngineConfig(_Strict):
-    workspace_mb: int = Field(1024, gt=0, description="TensorRT builder workspace limit")
+    workspace_mb: int = Field(1024, gt=0, le=1 << 20, description="TensorRT builder workspace limit")
     optimization_level: int = Field(3, ge=0, le=5)
     dla_core: int | None = Field(None, ge=0, description="Jetson DLA core (GPU fallback on)")
     target_compute_capability: str | None = Field(
@@ -94,7 +97,7 @@ class ProfileShapes(_Strict):
 
 class ModelConfig(_Strict):
     onnx: Path
-    format: Literal["nanodet", "yolov8", "yolo11", "yolov5", "efficient_nms"] = "yolov8"
+    format: Literal["nanodet", "yolov8", "yolo11", "yolov5"] = "yolov8"
     labels: Path | None = None
     backend: Literal["auto", "tensorrt", "tensorrt_rtx", "onnxruntime"] = "auto"
     precision: Precision = "fp16"
@@ -109,6 +112,20 @@ class ModelConfig(_Strict):
     # Explicit TensorRT optimisation profiles, one mapping {input name: {min, opt, max}} each; without
     # them one profile is derived from the ONNX shapes and `batch`.
     profiles: list[dict[str, ProfileShapes]] | None = None
+    # Frames older than this when the scheduler takes them are dropped unprocessed and counted per camera
+    # (telemetry `dropped_stale`); 0 never drops. A frame waiting in a camera's slot is its newest, so
+    # this catches stalls (a camera or the pipeline), not steady overload.
+    max_age_ms: float = Field(500.0, ge=0)
+    # gpu: letterbox + normalise with a CUDA kernel straight into the engine's input (needs cuda-python
+    # and a backend that takes device input: TensorRT; while ONNX Runtime serves, the CPU does it).
+    preprocess: Literal["cpu", "gpu"] = "cpu"
+
+
+class SnapshotConfig(_Strict):
+    # Besides on request (cmd/snapshot): an annotated JPEG when the camera has detections, at most this often.
+    on_detection: bool = False
+    min_interval_s: float = Field(30.0, ge=1.0, le=86400)
+    quality: int = Field(80, ge=10, le=100)
 
 
 class CameraConfig(_Strict):
@@ -116,13 +133,15 @@ class CameraConfig(_Strict):
     url: str | None = Field(None, repr=False)
     pipeline: str | None = Field(None, repr=False, description="GStreamer pipeline ending in appsink")
     model: str
-    fps: float | None = Field(None, gt=0)
+    fps: float | None = Field(None, gt=0, le=1000)
     classes: list[str] | None = None
     min_score: float = Field(0.4, ge=0.0, le=1.0)
     loop: bool = True
     enabled: bool = True
-    open_timeout_s: float = Field(5.0, gt=0)
-    read_timeout_s: float = Field(2.0, gt=0)
+    # Bounded: the reader hands them to FFmpeg in microseconds and waits on them (1e308 would overflow).
+    open_timeout_s: float = Field(5.0, gt=0, le=3600)
+    read_timeout_s: float = Field(2.0, gt=0, le=3600)
+    snapshot: SnapshotConfig = SnapshotConfig()
 
     @model_validator(mode="after")
     def _one_source(self) -> CameraConfig:
@@ -135,18 +154,66 @@ class CameraConfig(_Strict):
         return mask_url(self.url) if self.url is not None else "gstreamer pipeline"
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` cannot name a broker, or None. paho only fails on these once connecting: an empty
+    host ended start-up with a traceback, and some (e.g. 'a..b') end its network thread for good."""
+    if not host:
+        return "must not be empty"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    name = host.removesuffix(".")
+    if len(name) <= 253 and all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return None
+    # The value is not echoed: 'user:password@host' is a plausible mistake.
+    return "must be a host name or an IP address, without scheme, port, path or credentials"
+
+
+class MqttTlsConfig(_Strict):
+    """`mqtt.tls` as a mapping (`tls: true` is `tls: {}`); paths resolve against the config's folder."""
+
+    ca_file: Path | None = Field(None, description="PEM CA certificate(s) trusted, not the system store")
+    cert_file: Path | None = Field(None, description="PEM client certificate (require_certificate brokers)")
+    key_file: Path | None = Field(None, description="the client certificate's unencrypted PEM key")
+    # DANGEROUS: no certificate and no host name verification (see agent.tls.TlsOptions). Only ever on
+    # when this key is written; nothing falls back to it.
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MqttTlsConfig:
+        self.options()  # the rules live in TlsOptions, shared with the client
+        return self
+
+    def options(self) -> TlsOptions:
+        return TlsOptions(self.ca_file, self.cert_file, self.key_file, self.insecure)
+
+
 class MqttConfig(_Strict):
     enabled: bool = True
     host: str = "localhost"
     port: int = Field(1883, ge=1, le=65535)
-    tls: bool = False
+    tls: MqttTlsConfig | None = None
     username: str | None = None
     password: SecretStr | None = None
     password_file: Path | None = None
     qos: int = Field(0, ge=0, le=2)
     prefix: str = "edge-agent"
-    keepalive: int = Field(30, ge=5)
+    # 65535: the MQTT keep-alive field is 16 bits (paho's thread died packing a larger one).
+    keepalive: int = Field(30, ge=5, le=65535)
     offline_queue: int = Field(1000, ge=1)
+    # Retry waits double from reconnect_min_s up to reconnect_max_s, each cut at random by up to half
+    # (jitter: agents that lost the same broker do not come back in lock-step). A broker that is back
+    # is found within reconnect_max_s plus the connect itself: the default keeps that within 5 s.
+    reconnect_min_s: float = Field(1.0, gt=0, le=60)
+    reconnect_max_s: float = Field(4.0, gt=0, le=300)
+    # MQTT commands this agent accepts (cmd/<action>); others are answered "disabled".
+    commands: list[Literal["rebuild", "reload", "snapshot"]] = ["rebuild", "reload", "snapshot"]
 
     @field_validator("prefix")
     @classmethod
@@ -155,22 +222,81 @@ class MqttConfig(_Strict):
             raise ValueError("must be a topic prefix without '+', '#' or leading/trailing '/'")
         return v
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        problem = _host_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _tls_forms(cls, v: Any) -> Any:
+        # `tls: true` (system CA store, verified) and `tls: false` keep working next to the mapping.
+        if v is None or isinstance(v, (dict, MqttTlsConfig)):
+            return v
+        try:
+            return {} if _BOOL.validate_python(v) else None
+        except ValidationError:
+            msg = "must be true, false or a mapping of ca_file, cert_file, key_file, insecure"
+            raise ValueError(msg) from None
+
+    @model_validator(mode="after")
+    def _credentials(self) -> MqttConfig:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        if self.username is None and (self.password is not None or self.password_file is not None):
+            raise ValueError("a password needs a username (MQTT sends no password without one)")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s must be <= reconnect_max_s")
+        return self
+
     def read_password(self) -> str | None:
+        """The password from `password` or `password_file`; ConfigError naming mqtt.password_file."""
         if self.password is not None:
             return self.password.get_secret_value()
         if self.password_file is None:
             return None
+        path = self.password_file
         try:
-            return self.password_file.read_text().strip()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(
-                f"mqtt.password_file: cannot read {self.password_file}: {exc.strerror}"
-            ) from None
+            raise ConfigError(f"mqtt.password_file: cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:  # its message would quote bytes of the password
+            raise ConfigError(f"mqtt.password_file: {path}: not UTF-8 text") from None
+        password = text.strip()
+        if not password:
+            raise ConfigError(f"mqtt.password_file: {path}: the file is empty")
+        return password
 
 
 class TelemetryConfig(_Strict):
-    interval_s: float = Field(10.0, gt=0)
+    interval_s: float = Field(10.0, ge=0.1, le=86400)
     prometheus_port: int | None = Field(None, ge=1, le=65535)
+
+
+class HomeAssistantConfig(_Strict):
+    """Home Assistant MQTT discovery (agent.discovery): retained entity configs under discovery_prefix."""
+
+    enabled: bool = False
+    discovery_prefix: str = "homeassistant"  # HA's default; must match HA's MQTT discovery prefix
+    # Object-count sensors for cameras without `classes` (a camera's own `classes` are counted instead).
+    count_labels: list[str] = ["person", "car"]
+
+    @field_validator("discovery_prefix")
+    @classmethod
+    def _discovery_prefix(cls, v: str) -> str:
+        if not v or any(c in v for c in "+#") or v.startswith("/") or v.endswith("/"):
+            raise ValueError("must be a topic prefix without '+', '#' or leading/trailing '/'")
+        return v
+
+    @field_validator("count_labels")
+    @classmethod
+    def _count_labels(cls, v: list[str]) -> list[str]:
+        if any(not label for label in v):
+            raise ValueError("labels must be non-empty")
+        return v
 
 
 class AgentConfig(_Strict):
@@ -180,6 +306,7 @@ class AgentConfig(_Strict):
     cameras: dict[str, CameraConfig]
     mqtt: MqttConfig = MqttConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    homeassistant: HomeAssistantConfig = HomeAssistantConfig()
     console: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -208,11 +335,25 @@ class AgentConfig(_Strict):
 # ---- loading -------------------------------------------------------------------------------
 
 
-def _expand_env(node: Any, path: str, source: str, env: dict[str, str]) -> Any:
+MAX_CONFIG_BYTES = 1 << 20
+MAX_NODES = 100_000  # YAML aliases can make a small file expand exponentially ("billion laughs")
+
+
+def _expand_env(
+    node: Any, path: str, source: str, env: dict[str, str], budget: list[int] | None = None
+) -> Any:
+    budget = budget if budget is not None else [MAX_NODES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError(f"{source}: too many values (over {MAX_NODES}; YAML aliases expanding?)")
+    if path.count(".") + path.count("[") > 32:
+        raise ConfigError(f"{source}: {path[:80]}...: nested too deeply")
     if isinstance(node, dict):
-        return {k: _expand_env(v, f"{path}.{k}" if path else str(k), source, env) for k, v in node.items()}
+        return {
+            k: _expand_env(v, f"{path}.{k}" if path else str(k), source, env, budget) for k, v in node.items()
+        }
     if isinstance(node, list):
-        return [_expand_env(v, f"{path}[{i}]", source, env) for i, v in enumerate(node)]
+        return [_expand_env(v, f"{path}[{i}]", source, env, budget) for i, v in enumerate(node)]
     if isinstance(node, str) and "${" in node:
 
         def sub(m: re.Match[str]) -> str:
@@ -264,6 +405,8 @@ def _format_errors(exc: ValidationError, source: str) -> str:
             lines.append(f"{source}: {msg}")  # cross-field errors carry their own key path
         else:
             lines.append(f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}")
+    if len(lines) > 20:
+        lines = [*lines[:20], f"{source}: ... and {len(lines) - 20} more"]
     return "\n".join(lines)
 
 
@@ -278,7 +421,27 @@ def parse_config(
         cfg = AgentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source)) from None
-    return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
+    if base_dir is not None:
+        cfg = _resolve_paths(cfg, base_dir)
+    _check_mqtt_files(cfg, source)
+    return cfg
+
+
+def _check_mqtt_files(cfg: AgentConfig, source: str) -> None:
+    """Password and TLS files must be usable at load: --check-config and a reload catch them, not the
+    connection attempt later. Errors name the key and the path, never what a file holds."""
+    mqtt = cfg.mqtt
+    if not mqtt.enabled:
+        return
+    try:
+        mqtt.read_password()
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if mqtt.tls is not None:
+        try:
+            client_context(mqtt.tls.options())
+        except TlsFileError as exc:
+            raise ConfigError(f"{source}: mqtt.tls.{exc}") from None
 
 
 def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
@@ -290,19 +453,32 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
         for name, m in cfg.models.items()
     }
     update: dict[str, Any] = {"models": models, "engine_dir": rel(cfg.engine_dir)}
-    if cfg.mqtt.password_file is not None:
-        update["mqtt"] = cfg.mqtt.model_copy(update={"password_file": rel(cfg.mqtt.password_file)})
+    mqtt_update: dict[str, Any] = {"password_file": rel(cfg.mqtt.password_file)}
+    if cfg.mqtt.tls is not None:
+        tls = cfg.mqtt.tls
+        files = {key: rel(getattr(tls, key)) for key in ("ca_file", "cert_file", "key_file")}
+        mqtt_update["tls"] = tls.model_copy(update=files)
+    update["mqtt"] = cfg.mqtt.model_copy(update=mqtt_update)
     return cfg.model_copy(update=update)
 
 
 def load_config(path: str | Path, env: dict[str, str] | None = None) -> AgentConfig:
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: config larger than {MAX_CONFIG_BYTES} bytes")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})") from None
+    try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

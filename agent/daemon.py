@@ -8,27 +8,41 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent import __version__
+from agent import __version__, snapshot
+from agent.commands import (
+    Answer,
+    CommandError,
+    CommandRouter,
+    RebuildRequest,
+    ReloadRequest,
+    SnapshotRequest,
+)
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig, load_config
+from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient, MqttError
+from agent.preflight import preflight
 from agent.reload import ReloadPlan, plan_reload
 from agent.results import ConsoleSink, detection_fields
 from agent.service import Notifier, extending
 from agent.supervisor import ModelProgress, Progress, Supervisor
 from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
-from engines.plan import REQUESTABLE
+from engines.errors import EngineError
 from engines.runtimes.base import Backend
 from pipelines.frames import stage_latencies_ms
-from pipelines.models import make_adapter
+from pipelines.models import check_outputs, make_adapter, probe_input
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
 from pipelines.sources import CameraReader, SourceSpec
+
+if TYPE_CHECKING:
+    from pipelines.preprocess_gpu import GpuLetterbox
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +60,16 @@ class CameraRuntime:
     fps_out: RateCounter = field(default_factory=RateCounter)
     last_frame_in: int = 0
     last_capture_ts: float | None = None  # wall-clock capture time of the newest frame published
+
+
+def _gpu_preprocess(model: str) -> GpuLetterbox:
+    """models.M.preprocess: gpu, or a start-up error saying why it cannot be."""
+    from pipelines.preprocess_gpu import GpuLetterbox  # CUDA only where asked for
+
+    try:
+        return GpuLetterbox()
+    except EngineError as exc:
+        raise ConfigError(f"models.{model}.preprocess: gpu is not available here: {exc}") from None
 
 
 def class_mask(cam_name: str, cam: CameraConfig, labels: list[str], labels_src: str) -> np.ndarray | None:
@@ -77,10 +101,14 @@ class Agent:
         self._reload_requested = threading.Event()
         self._wakeup = threading.Event()  # the main loop: stop or reload asked (set from signal handlers)
         self._reload_lock = threading.Lock()
+        self._old_handlers: dict[int, Any] = {}
         self.last_reload: dict | None = None  # outcome of the last reload, in the status payload
         self.notifier = notifier or Notifier()
         self.supervisor = Supervisor(self.notifier, self.progress)
         self.results_out: dict[str, int] = {}  # per model: results that passed every sink (watchdog)
+        self.commands = self._make_router(cfg)
+        self._last_result: dict[str, Result] = {}  # per camera, for snapshots (a reference, no copy)
+        self._last_snapshot: dict[str, float] = {}
         self._lock = threading.Lock()
         self.topics = Topics(cfg.mqtt.prefix, cfg.device_id)
         self.stages = StageWindow()
@@ -108,18 +136,47 @@ class Agent:
             port=cfg.mqtt.port,
             username=cfg.mqtt.username,
             password=cfg.mqtt.read_password(),
-            tls=cfg.mqtt.tls,
+            tls=cfg.mqtt.tls.options() if cfg.mqtt.tls is not None else False,
             keepalive=cfg.mqtt.keepalive,
+            reconnect_min_delay=cfg.mqtt.reconnect_min_s,
+            reconnect_max_delay=cfg.mqtt.reconnect_max_s,
             qos=cfg.mqtt.qos,
             offline_queue=cfg.mqtt.offline_queue,
             birth=self._status_fields,
+            offline=self._offline_fields,
             quiet=self._quiet_mqtt,
+            commands=self.commands,
+            answer=self._publish_answer,
         )
-        client.on_command("rebuild", self._cmd_rebuild)
+        client.watch(node_filter(cfg), self._on_discovery_config)
         return client
+
+    # ---- Home Assistant discovery (agent.discovery) ------------------------------------------------
+    def _publish_discovery(self, old: AgentConfig | None = None) -> None:
+        if self.mqtt is None:
+            return
+        for topic in removed_topics(old, self.cfg) if old is not None else []:
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")  # deletes the entity
+        for topic, body in discovery_messages(self.cfg, self.topics, __version__).items():
+            self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
+
+    def _on_discovery_config(self, topic: str, body: bytes) -> None:
+        """A retained config of our node that the config does not publish (a camera removed while the agent
+        was stopped, discovery turned off): delete it. Network thread; publish() does not block."""
+        if body and self.mqtt is not None and stale_topics(self.cfg, [topic]):
+            log.info("Home Assistant: deleting stale discovery config %s", topic)
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
+
+    def _make_router(self, cfg: AgentConfig) -> CommandRouter:
+        router = CommandRouter(enabled=frozenset(cfg.mqtt.commands))
+        router.register("rebuild", self._cmd_rebuild)
+        router.register("reload", self._cmd_reload)
+        router.register("snapshot", self._cmd_snapshot)
+        return router
 
     def start(self) -> None:
         cfg = self.cfg
+        self._install_signals()  # first: a SIGHUP or SIGTERM during start-up must not kill the process
         self.mqtt = self._make_mqtt(cfg, self.topics)
         # Models first: a broken model is a start-up error, before any camera is opened.
         for name, mcfg in cfg.models.items():
@@ -128,8 +185,10 @@ class Agent:
         for cam_name, cam in cfg.cameras.items():
             if cam.enabled:
                 self._open_camera(cam_name, cam)
+        self.commands.start()
         if self.mqtt is not None:
             self.mqtt.start()
+            self._publish_discovery()
         self.engines.start()
         for worker in self.workers.values():
             worker.start()
@@ -156,6 +215,17 @@ class Agent:
         backend = self.engines.open(name, cfg)
         try:
             adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
+            # One real inference: exported detectors often leave output shapes dynamic.
+            image = probe_input(backend.input_spec)  # dynamic H/W as the adapter sizes them
+            probe = np.zeros((backend.warmup_shape[0], *image.shape[1:]), dtype=backend.input_spec.dtype)
+            check_outputs(mcfg.format, adapter, backend.infer(probe))
+            gpu = _gpu_preprocess(name) if mcfg.preprocess == "gpu" else None
+        except ConfigError:
+            backend.close()
+            raise
+        except ValueError as exc:  # the adapter does not fit the model's input/outputs
+            backend.close()
+            raise ConfigError(f"models.{name}.format: {mcfg.format}: {exc}") from None
         except Exception:
             backend.close()
             raise
@@ -171,6 +241,8 @@ class Agent:
             [*sinks, self._progress_sink],  # last: a result counts as progress once every sink took it
             iou_threshold=mcfg.iou_threshold,
             max_batch=mcfg.batch.max,
+            max_age_ms=mcfg.max_age_ms,
+            gpu_preprocess=gpu,
         )
 
     def _open_camera(self, name: str, cam: CameraConfig, cfg: AgentConfig | None = None) -> None:
@@ -206,6 +278,17 @@ class Agent:
         if self.last_reload is not None:
             fields["last_reload"] = self.last_reload
         return fields
+
+    def _offline_fields(self, reason: str) -> dict:
+        """The graceful offline status and the LWT carry the same fields (the LWT's are fixed at connect)."""
+        return {
+            "state": "offline",
+            "reason": reason,
+            "version": __version__,
+            "started_at": self.started_at,
+            "cameras_up": 0,
+            "cameras_total": len(self.cameras),
+        }
 
     def _on_camera_state(self, camera: str, state: str, reason: str | None) -> None:
         cam = self.cameras.get(camera)
@@ -247,31 +330,68 @@ class Agent:
         of its next batch, logs "now served by", and closes the old backend once no batch uses it."""
         self.workers[model].swap_backend(backend)
 
-    def _cmd_rebuild(self, args: dict) -> dict:
-        """MQTT cmd/rebuild {model?, force?, precision?}: starts builds, answers at once; progress and
-        the outcome follow on the engine state topics."""
+    # ---- MQTT commands (validated by agent.commands; they run one at a time on its thread) -----------
+    def _publish_answer(self, answer: Answer) -> None:
+        # Through the client in use now: a reload may have replaced the one the command came in on.
+        if self.mqtt is not None:
+            body = payload("cmd-result", **answer.body())
+            self.mqtt.publish(self.topics.cmd_result(answer.action), body, qos=1, kind="event")
+
+    def _cmd_rebuild(self, req: RebuildRequest) -> dict:
+        """cmd/rebuild {model?, force?, precision?}: starts builds, answers at once; progress and the
+        outcome follow on the engine state topics."""
         known = self.engines.models
-        model = args.get("model")
-        if model is not None and model not in known:
-            raise ValueError(f"field 'model': unknown or not a TensorRT model {model!r} (known: {known})")
-        force = args.get("force", False)
-        if not isinstance(force, bool):
-            raise ValueError("field 'force': must be true or false")
-        precision = args.get("precision")
-        if precision is not None and precision not in REQUESTABLE:
-            raise ValueError(f"field 'precision': must be one of {', '.join(REQUESTABLE)}")
-        unknown = sorted(set(args) - {"model", "force", "precision"})
-        if unknown:
-            raise ValueError(f"unknown field(s) {unknown}")
-        targets = [model] if model else known
-        started = [m for m in targets if self.engines.rebuild(m, force=force, precision=precision)]
+        if req.model is not None and req.model not in known:
+            why = f"unknown or not a TensorRT model {req.model!r} (known: {known})"
+            raise CommandError(f"field 'model': {why}")
+        targets = [req.model] if req.model else known
+        started = [m for m in targets if self.engines.rebuild(m, force=req.force, precision=req.precision)]
         busy = [m for m in targets if m not in started]
         return {"started": started, "already_building": busy}
 
+    def _cmd_reload(self, req: ReloadRequest) -> dict:
+        """cmd/reload {}: the SIGHUP path; answers with what changed, or why the config was refused."""
+        if not self.reload():
+            error = (self.last_reload or {}).get("error")
+            raise CommandError(f"config refused, the previous one is still running: {error}")
+        return {"changes": (self.last_reload or {}).get("changes")}
+
+    def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
+        """cmd/snapshot {camera}: the annotated last frame as JPEG on cameras/<camera>/snapshot."""
+        if req.camera not in self.cameras:
+            known = sorted(self.cameras)
+            raise CommandError(f"field 'camera': unknown camera {req.camera!r} (known: {known})")
+        result = self._last_result.get(req.camera)
+        if result is None:
+            raise CommandError(f"camera {req.camera}: no processed frame yet")
+        size = self._publish_snapshot(result)
+        return {"camera": req.camera, "frame_id": result.frame.frame_id, "bytes": size}
+
+    def _publish_snapshot(self, result: Result) -> int:
+        cam = self.cameras.get(result.frame.camera)
+        quality = cam.cfg.snapshot.quality if cam is not None else 80
+        image = snapshot.annotate(result.frame.image, result.detections, self.labels.get(result.model, []))
+        data = snapshot.jpeg(image, quality)
+        if self.mqtt is not None and self.mqtt.connected:  # never queued offline: JPEGs would fill memory
+            self.mqtt.publish(self.topics.snapshot(result.frame.camera), data, qos=0, kind="event")
+        return len(data)
+
+    def _snapshot_on_detection(self, result: Result) -> None:
+        cam = self.cameras.get(result.frame.camera)
+        if cam is None or not cam.cfg.snapshot.on_detection or not len(result.detections):
+            return
+        now = time.monotonic()
+        if now - self._last_snapshot.get(cam.name, -1e9) < cam.cfg.snapshot.min_interval_s:
+            return
+        self._last_snapshot[cam.name] = now
+        self._publish_snapshot(result)
+
     def _publish_sink(self, result: Result) -> None:
         result.frame.stamp("published")
+        self._last_result[result.frame.camera] = result
         if self.mqtt is None:
             return
+        self._snapshot_on_detection(result)
         fields = detection_fields(result, self.labels.get(result.model, []))
         body = payload("detections", **fields)
         self.mqtt.publish(self.topics.detections(result.frame.camera), body, kind="event")
@@ -326,12 +446,13 @@ class Agent:
             frames_in = cam.reader.frames_in
             cam.fps_in.tick(frames_in - cam.last_frame_in)
             cam.last_frame_in = frames_in
-            slot = self.workers[cam.cfg.model]._routes.get(name)
+            route = self.workers[cam.cfg.model].route(name)
             cams[name] = {
                 "state": cam.state,
                 "fps_in": round(cam.fps_in.rate(), 2),
                 "fps_out": round(cam.fps_out.rate(), 2),
-                "dropped": slot.slot.dropped if slot else 0,
+                "dropped": route.slot.dropped if route else 0,
+                "dropped_stale": route.stale if route else 0,  # older than models.M.max_age_ms
                 # How stale the newest result is: grows when a camera or the model stalls.
                 "frame_age_ms": None
                 if cam.last_capture_ts is None
@@ -345,7 +466,7 @@ class Agent:
             backend=backends,
             batch_fill=round(float(np.mean(fills)), 3) if fills else None,
             process=process_stats(),
-            mqtt=self.mqtt.stats() if self.mqtt else None,
+            mqtt={**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None,
         )
 
     def publish_telemetry(self) -> None:
@@ -387,6 +508,9 @@ class Agent:
         if self.config_path is None:
             raise ConfigError("reload: the agent was not started from a config file")
         new = load_config(self.config_path)
+        problems = preflight(new, str(self.config_path))
+        if problems:
+            raise ConfigError("\n".join(problems))
         plan = plan_reload(self.cfg, new)
         if plan.needs_restart:  # keep what cannot change in place; say so
             new = new.model_copy(
@@ -399,7 +523,9 @@ class Agent:
             )
         if new.mqtt.enabled and plan.mqtt:
             new.mqtt.read_password()  # a missing password file fails now, before anything changed
+        old = self.cfg
         self._apply(new, plan)
+        self._publish_discovery(old)  # after every reload: cameras, labels or the section itself changed
         return plan.summary()
 
     def _apply(self, new: AgentConfig, plan: ReloadPlan) -> None:
@@ -490,7 +616,7 @@ class Agent:
             self.mqtt.start()
             for cam in self.cameras.values():
                 self._publish_camera_state(cam)
-            self.engines.republish()
+            self.engines.republish()  # discovery configs follow in _reload_from_file
 
     # ---- stop --------------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
@@ -501,12 +627,26 @@ class Agent:
         self._reload_requested.set()
         self._wakeup.set()
 
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers (an embedding application keeps its own)
+        for sig, handler in (
+            (signal.SIGTERM, self.request_stop),
+            (signal.SIGINT, self.request_stop),
+            (signal.SIGHUP, self.request_reload),
+        ):
+            self._old_handlers.setdefault(sig, signal.signal(sig, handler))
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
+        self._old_handlers.clear()
+
     def run_forever(self) -> None:
         """The main thread: signals only set flags (a handler may interrupt any line of this thread);
         the reload itself runs here, between waits."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.request_stop)
-        signal.signal(signal.SIGHUP, self.request_reload)
+        self._install_signals()
         try:
             while not self._stop.is_set():
                 self._wakeup.wait(0.5)
@@ -531,6 +671,11 @@ class Agent:
                 cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
         for worker in self.workers.values():
             worker.close_backends()  # leaves (and logs) a backend whose worker thread did not stop
+        self.commands.stop()
         if self.mqtt is not None:
+            for cam in self.cameras.values():
+                cam.state = "stopped"  # retained: not "streaming" after the agent is gone
+                self._publish_camera_state(cam)
             self.mqtt.close()
+        self._restore_signals()
         log.info("edge-agent stopped in %.2f s", time.monotonic() - t0)

@@ -6,7 +6,7 @@ Usage by the daemon::
 
     client = MqttClient(topics=Topics(prefix, device), host=..., port=..., username=...,
                         password=read_password_file(path), birth=status_fields)
-    client.on_command("reload", handler)          # handler(args: dict) -> dict | None
+    client.on_command("reload", handler)          # handler(request model) -> dict | None (agent.commands)
     client.start()                                # never blocks, never fails on a dead broker
     client.publish(topics.camera_state(cam), body, qos=1, retain=True, kind="state")
     client.publish(topics.detections(cam), body, kind="event")   # qos defaults to the detections qos
@@ -26,29 +26,39 @@ Delivery model (why it is this way):
   QoS>=1 messages that paho still held unacknowledged when the link dropped are taken back from paho
   at reconnect (``drop_out_messages``) and re-queued, instead of paho resending them after our
   flush (which would reorder them) or both of us sending them (duplicates).
+
+Connection model:
+- TLS (``tls=True`` or ``TlsOptions``): the SSLContext comes from ``agent.tls``, the same builder that
+  checks the config's files at load. No verification only with ``TlsOptions(insecure=True)``, warned.
+- Retries: before each of paho's waits, ``backoff_delay`` (capped exponential with jitter) is set as
+  paho's next delay, so a broker that is back is found within ``reconnect_max_delay``.
+- Failures (unreachable, TLS, refused, closed) are logged once per outage and kind with host:port and
+  the reason, never a credential or a traceback; ``stats()["last_error"]`` has the latest.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
+import random
+import re
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
-from agent.topics import Topics, check_name, payload
+from agent.commands import Answer, CommandRouter, Handler
+from agent.tls import TlsFileError, TlsOptions, client_context, describe_tls_failure
+from agent.topics import Topics, payload
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["state", "event"]
-CommandHandler = Callable[[dict[str, Any]], "Mapping[str, Any] | None"]
 BirthProvider = Callable[[], Mapping[str, Any]]
 
 _FLUSH_BATCH = 64  # events taken from the offline queue per lock acquisition during a flush
@@ -71,7 +81,7 @@ _paho_log = logging.getLogger(f"{__name__}.paho")
 _paho_log.addFilter(_DemotePahoErrors())
 
 
-class MqttError(Exception):
+class MqttError(ValueError):
     """Configuration or usage error of the MQTT client (the message never contains secrets)."""
 
 
@@ -90,6 +100,57 @@ def read_password_file(path: str | Path) -> str:
     return password
 
 
+def backoff_delay(attempt: int, min_delay: float, max_delay: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``attempt`` (0: the first after a failure or a loss).
+
+    Capped exponential backoff with jitter: the ceiling doubles from ``min_delay`` up to ``max_delay``
+    and the wait is drawn from [ceiling / 2, ceiling]. Agents that lost the same broker at the same
+    moment thus spread their retries instead of arriving together, and a broker that is back is found
+    within ``max_delay``.
+    """
+    ceiling = min(max_delay, min_delay * 2.0 ** min(attempt, 30))
+    return rng.uniform(ceiling / 2, ceiling)
+
+
+class _AttemptError(OSError):
+    """A connection attempt that failed with something other than an OSError (see _Paho)."""
+
+
+class _Paho(paho.Client):
+    """paho's Client, keeping why the last connection attempt failed.
+
+    paho catches the OSError of a failed attempt (DNS, refused, TLS handshake) and calls
+    on_connect_fail without it. Any other exception would end paho's network thread for good, without
+    a word (its loop catches only OSError there): it is passed on as an OSError so that paho retries
+    and on_connect_fail reports it.
+    """
+
+    attempt_error: BaseException | None = None
+
+    def reconnect(self) -> MQTTErrorCode:
+        self.attempt_error = None
+        try:
+            return super().reconnect()
+        except OSError as exc:
+            self.attempt_error = exc
+            raise
+        except Exception as exc:
+            self.attempt_error = exc
+            raise _AttemptError(f"{type(exc).__name__}: {exc}") from exc
+
+
+# paho reports why a read failed (a TLS alert, a reset) only in its log: on_log keeps the latest.
+_TRANSPORT_ERRORS = ("failed to receive on socket: ", "timeout on socket: ")
+_AUTH_REFUSALS = ("Not authorized", "Bad user name or password")
+_ERRNO = re.compile(r"^\[Errno -?\d+\] ")
+
+
+def _os_reason(error: OSError | None) -> str:
+    if error is None:
+        return "connection failed"
+    return str(error.strerror or error or type(error).__name__)
+
+
 class MqttClient:
     """See the module docstring. Thread-safe: ``publish``/``stats`` may be called from any thread."""
 
@@ -102,14 +163,17 @@ class MqttClient:
         client_id: str | None = None,
         username: str | None = None,
         password: str | None = None,
-        tls: bool = False,
+        tls: bool | TlsOptions = False,
         keepalive: int = 30,
         qos: int = 0,
         offline_queue: int = 1000,
         birth: BirthProvider | None = None,
+        offline: Callable[[str], Mapping[str, Any]] | None = None,
         quiet: bool = False,
-        reconnect_min_delay: int = 1,
-        reconnect_max_delay: int = 30,
+        reconnect_min_delay: float = 1.0,
+        reconnect_max_delay: float = 4.0,
+        commands: CommandRouter | None = None,
+        answer: Callable[[Answer], None] | None = None,
     ) -> None:
         if qos not in (0, 1, 2):
             raise MqttError(f"mqtt qos: must be 0, 1 or 2, got {qos!r}")
@@ -117,14 +181,20 @@ class MqttClient:
             raise MqttError(f"mqtt port: must be 1..65535, got {port!r}")
         if offline_queue < 1:
             raise MqttError(f"mqtt offline_queue: must be >= 1, got {offline_queue!r}")
-        if keepalive < 1:
-            raise MqttError(f"mqtt keepalive: must be >= 1 s, got {keepalive!r}")
+        if not 1 <= keepalive <= 65535:  # 16 bits in CONNECT: paho's thread died packing a larger one
+            raise MqttError(f"mqtt keepalive: must be 1..65535 s, got {keepalive!r}")
+        if not host or host != host.strip():
+            raise MqttError("mqtt host: must be a non-empty host name or IP address")
+        if not 0 < reconnect_min_delay <= reconnect_max_delay:
+            raise MqttError("mqtt reconnect delays: must satisfy 0 < min <= max")
         self.topics = topics
-        self.host, self.port, self.tls, self.keepalive = host, port, tls, keepalive
+        self.host, self.port, self.keepalive = host, port, keepalive
+        self.tls: TlsOptions | None = TlsOptions() if tls is True else (tls or None)
         self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}"
         self.qos = qos
         self._auth = username is not None
         self._birth = birth
+        self._offline = offline
         # quiet: the demo tries a broker that may simply not exist; connection trouble goes to DEBUG.
         self._warn = logging.DEBUG if quiet else logging.WARNING
         self._info = logging.DEBUG if quiet else logging.INFO
@@ -132,9 +202,17 @@ class MqttClient:
         self._lock = threading.Lock()
         self._connected = False
         self._ever_connected = False
-        self._outage_logged = False
-        self._last_refusal: str | None = None
+        self._link_up = False  # CONNACK accepted (``_connected`` waits for the offline flush too)
         self._down_since: float | None = None
+        # Connection failures: each kind (unreachable, tls, refused, closed) is logged once per outage;
+        # stats() shows the latest reason. Retry waits: backoff_delay(attempt) with this RNG.
+        self._outage_kinds: set[str] = set()
+        self._last_error: str | None = None
+        self._refused = False
+        self._transport_error: str | None = None
+        self._attempt = 0
+        self._delays = (reconnect_min_delay, reconnect_max_delay)
+        self._rng = random.Random()
         self._connected_event = threading.Event()
         self._closed = False
         self._states: dict[str, tuple[bytes, int]] = {}  # latest retained payload per topic
@@ -143,10 +221,15 @@ class MqttClient:
         counters = ("dropped_offline", "published", "reconnects", "errors", "connect_failures")
         self._counts = dict.fromkeys(counters, 0)
 
-        self._handlers: dict[str, CommandHandler] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqtt-cmd")
+        # Shared by the daemon across reconnections to another broker; answers go out through `answer`
+        # (default: this client), so a command that replaced this client is still answered.
+        self._watches: dict[str, Callable[[str, bytes], None]] = {}
+        self._own_router = commands is None
+        self.commands = commands if commands is not None else CommandRouter()
+        if answer is not None:
+            self._answer = answer  # type: ignore[method-assign]
 
-        c = paho.Client(
+        c = _Paho(
             CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             clean_session=True,
@@ -157,25 +240,39 @@ class MqttClient:
         c.enable_logger(_paho_log)
         if username is not None:
             c.username_pw_set(username, password)
-        if tls:
-            try:
-                c.tls_set()  # system CA store
-            except (OSError, ValueError) as exc:
-                raise MqttError(f"mqtt tls: cannot set up TLS ({exc})") from None
-        c.will_set(topics.status, payload("status", state="offline"), qos=1, retain=True)
+        if self.tls is not None:
+            self._set_up_tls(c, self.tls)
+        c.will_set(topics.status, self._offline_payload("connection lost"), qos=1, retain=True)
         c.reconnect_delay_set(min_delay=reconnect_min_delay, max_delay=reconnect_max_delay)
         c.on_connect = self._on_connect
         c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
+        c.on_log = self._on_paho_log
         self._client = c
         self._started = False
+
+    def _set_up_tls(self, c: paho.Client, opts: TlsOptions) -> None:
+        try:
+            c.tls_set_context(client_context(opts))
+        except TlsFileError as exc:
+            raise MqttError(f"mqtt tls {exc}") from None
+        if opts.insecure:
+            c.tls_insecure_set(True)  # the context checks nothing: paho must not check the name either
+            # Always WARNING, even when quiet: this is a security decision, not connection noise.
+            log.warning(
+                "MQTT TLS to %s:%d WITHOUT certificate verification (mqtt.tls.insecure: true): anyone on"
+                " the network path can pose as the broker and read the credentials and all data",
+                self.host,
+                self.port,
+            )
 
     def __repr__(self) -> str:
         # Never the password (nor the username: it is half of a credential).
         state = "connected" if self._connected else "disconnected"
         auth = "with credentials" if self._auth else "anonymous"
-        return f"MqttClient({self.host}:{self.port}, client_id={self.client_id!r}, {auth}, {state})"
+        tls = "" if self.tls is None else (", TLS unverified" if self.tls.insecure else ", TLS")
+        return f"MqttClient({self.host}:{self.port}{tls}, client_id={self.client_id!r}, {auth}, {state})"
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -183,11 +280,19 @@ class MqttClient:
         if self._started:
             return
         self._started = True
+        self._refresh_will()  # the owner is set up by now (cameras opened): the will names them
         try:
             self._client.connect_async(self.host, self.port, keepalive=self.keepalive)
         except (OSError, ValueError) as exc:  # e.g. an invalid host string
             raise MqttError(f"mqtt host {self.host!r} port {self.port}: {exc}") from None
+        if self._own_router:
+            self.commands.start()
         self._client.loop_start()
+
+    def _refresh_will(self) -> None:
+        # The broker keeps the will it got in CONNECT; paho sends the one set now at the next (re)connect.
+        will = self._offline_payload("connection lost")
+        self._client.will_set(self.topics.status, will, qos=1, retain=True)
 
     @property
     def connected(self) -> bool:
@@ -211,7 +316,7 @@ class MqttClient:
         c = self._client
         if self._started and graceful:
             if self._connected:
-                info = c.publish(self.topics.status, payload("status", state="offline"), qos=1, retain=True)
+                info = c.publish(self.topics.status, self._offline_payload("stopped"), qos=1, retain=True)
                 if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                     try:
                         info.wait_for_publish(timeout)
@@ -234,7 +339,8 @@ class MqttClient:
                 sock = c.socket()
                 if sock is not None:
                     sock.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._own_router:
+            self.commands.stop(timeout=0.5)
 
     # ---- publishing --------------------------------------------------------------------------
     def publish(
@@ -317,6 +423,7 @@ class MqttClient:
                 "queued": len(self._events),
                 "states_pending": len(self._pending_states),
                 **self._counts,
+                "last_error": self._last_error,  # why the latest attempt failed; None once connected
             }
 
     # ---- paho callbacks (network thread) -----------------------------------------------------
@@ -324,23 +431,22 @@ class MqttClient:
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
         if reason.is_failure:
-            # Refused (bad credentials, not authorised, ...): paho retries; we are NOT connected.
+            # Refused (bad credentials, not authorised, ...): paho retries; we are NOT connected. The
+            # on_disconnect that follows schedules the retry.
             name = reason.getName() if hasattr(reason, "getName") else str(reason)
+            hint = " (check mqtt.username and the password)" if name in _AUTH_REFUSALS else ""
             with self._lock:
-                self._counts["connect_failures"] += 1
-                first = name != self._last_refusal
-                self._last_refusal = name
-                self._outage_logged = True
-            if first:
-                log.log(
-                    self._warn, "MQTT broker %s:%d refused the connection: %s", self.host, self.port, name
-                )
+                self._refused = True
+            self._attempt_failed("refused", f"refused the connection: {name}{hint}")
             return
+        with self._lock:
+            self._link_up = True
         try:
             self._reclaim_unacked()
-            result, _mid = client.subscribe(self.topics.cmd_filter, qos=1)
-            if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                log.warning("MQTT subscribe %s failed: %s", self.topics.cmd_filter, paho.error_string(result))
+            for topic_filter in (self.topics.cmd_filter, *self._watches):
+                result, _mid = client.subscribe(topic_filter, qos=1)
+                if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    log.warning("MQTT subscribe %s failed: %s", topic_filter, paho.error_string(result))
             self._send(self.topics.status, self._birth_payload(), 1, True)
         except Exception:  # a bug here must neither stop the network thread nor block publishing
             log.exception("MQTT on_connect handling failed")
@@ -356,8 +462,9 @@ class MqttClient:
             if reconnect:
                 self._counts["reconnects"] += 1
             self._ever_connected = True
-            self._outage_logged = False
-            self._last_refusal = None
+            self._outage_kinds = set()
+            self._last_error = None
+            self._attempt = 0
             down = None if self._down_since is None else time.monotonic() - self._down_since
             self._down_since = None
         if reconnect:
@@ -370,6 +477,15 @@ class MqttClient:
             )
         else:
             log.log(self._info, "MQTT connected to %s:%d", self.host, self.port)
+
+    def _offline_payload(self, reason: str) -> bytes:
+        fields: dict[str, Any] = {"state": "offline", "reason": reason}
+        if self._offline is not None:
+            try:
+                fields = dict(self._offline(reason))
+            except Exception:
+                log.exception("MQTT offline status provider failed; publishing state offline only")
+        return payload("status", **fields)
 
     def _birth_payload(self) -> bytes:
         fields: dict[str, Any] = {"state": "online"}
@@ -418,34 +534,39 @@ class MqttClient:
                 self._send(topic, body, qos, retain)
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
-        with self._lock:
-            self._counts["connect_failures"] += 1
-            first = not self._outage_logged
-            self._outage_logged = True
-            if self._down_since is None:
-                self._down_since = time.monotonic()
-        if first:
-            log.log(
-                self._warn,
-                "MQTT broker %s:%d not reachable; retrying in the background, queueing up to %d events",
-                self.host,
-                self.port,
-                self._events.maxlen,
-            )
+        # DNS, TCP or the TLS handshake failed; _Paho kept the exception paho swallowed.
+        error = self._client.attempt_error
+        if isinstance(error, ssl.SSLError):
+            self._attempt_failed("tls", f"TLS handshake failed: {describe_tls_failure(error)}")
+        elif error is None or isinstance(error, OSError):
+            self._attempt_failed("unreachable", f"not reachable ({_os_reason(error)})")
+        else:  # passed on by _Paho
+            why = f"{type(error).__name__}: {error}"
+            self._attempt_failed("unexpected", f"connection attempt failed unexpectedly ({why})")
+        self._schedule_retry()
 
     def _on_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
+        if not self._closed:
+            self._refresh_will()  # for the reconnect: cameras may have come or gone since
         with self._lock:
-            was_connected = self._connected
+            was_up, self._link_up = self._link_up, False
             self._connected = False
             self._connected_event.clear()
-            if was_connected:
+            refused, self._refused = self._refused, False
+            if was_up:
                 self._down_since = time.monotonic()
-                self._outage_logged = True
-        if was_connected and not self._closed:
+                self._outage_kinds = {"unreachable"}  # the "lost" line says it; TCP retries add nothing
+        transport, self._transport_error = self._transport_error, None
+        if self._closed:
+            return
+        if was_up:
             from_broker = getattr(flags, "is_disconnect_packet_from_server", False)
-            why = f"broker sent DISCONNECT: {reason}" if from_broker else "connection closed or timed out"
+            lost = _ERRNO.sub("", transport) if transport else "closed or timed out"
+            why = f"broker sent DISCONNECT: {reason}" if from_broker else lost
+            with self._lock:
+                self._last_error = f"connection lost ({why})"
             log.log(
                 self._warn,
                 "MQTT connection to %s:%d lost (%s); retrying in the background, queueing up to %d events",
@@ -454,77 +575,80 @@ class MqttClient:
                 why,
                 self._events.maxlen,
             )
+        elif not refused:
+            # Connected, but closed before a CONNACK: a TLS alert after the handshake (TLS 1.3 reports a
+            # missing client certificate only here), or a broker that hung up on what it got.
+            if transport is not None and "[SSL" in transport:
+                self._attempt_failed("tls", f"TLS handshake failed: {describe_tls_failure(transport)}")
+            else:
+                why = _ERRNO.sub("", transport) if transport else "no reason given"
+                if self.tls is None:
+                    why += "; a TLS port, while mqtt.tls is off?"
+                self._attempt_failed("closed", f"closed the connection before accepting it ({why})")
+        self._schedule_retry()
+
+    def _on_paho_log(self, client: paho.Client, userdata: Any, level: int, buf: str) -> None:
+        # Network thread only, as is its reader (_on_disconnect): no lock needed.
+        if level == paho.MQTT_LOG_ERR and buf.startswith(_TRANSPORT_ERRORS):
+            self._transport_error = buf.split(": ", 1)[1]
+
+    def _attempt_failed(self, kind: str, reason: str) -> None:
+        """Count a failed connection attempt and keep its reason for stats(); log each kind once per
+        outage (paho retries every few seconds: one line, not a line per retry)."""
+        with self._lock:
+            self._counts["connect_failures"] += 1
+            self._last_error = reason
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+            first = kind not in self._outage_kinds
+            self._outage_kinds.add(kind)
+        if first:
+            log.log(
+                self._warn,
+                "MQTT broker %s:%d: %s; retrying in the background, queueing up to %d events",
+                self.host,
+                self.port,
+                reason,
+                self._events.maxlen,
+            )
+
+    def _schedule_retry(self) -> None:
+        """Set paho's wait before its next attempt (paho's own backoff has no jitter)."""
+        with self._lock:
+            delay = backoff_delay(self._attempt, *self._delays, self._rng)
+            self._attempt += 1
+        # reconnect_delay_set() also resets paho's doubling, so its next wait is exactly `delay`
+        # (annotated int, but paho sleeps float seconds). Every wait follows on_connect_fail or
+        # on_disconnect, where this runs.
+        self._client.reconnect_delay_set(min_delay=delay, max_delay=delay)  # type: ignore[arg-type]
 
     # ---- commands ----------------------------------------------------------------------------
-    def on_command(self, action: str, handler: CommandHandler) -> None:
-        """Register ``handler(args) -> dict | None`` for ``{prefix}/{device}/cmd/{action}``.
+    def on_command(self, action: str, handler: Handler) -> None:
+        """Register ``handler(request) -> dict | None`` for ``{prefix}/{device}/cmd/{action}``; `request` is
+        the action's validated model (agent.commands). Handlers run one at a time on the router's thread."""
+        self.commands.register(action, handler)
 
-        The handler runs on a single worker thread (commands are serialised, never on the network
-        thread). Its dict is merged into ``{"ok": true}``; it may return ``ok: False`` with an
-        ``error`` for a soft failure; an exception becomes ``{"ok": false, "error": str(exc)}``.
-        ``args`` is the request object without ``request_id``.
-        """
-        check_name(action, "action")
-        self._handlers[action] = handler
+    def watch(self, topic_filter: str, callback: Callable[[str, bytes], None]) -> None:
+        """Subscribe to `topic_filter` at every connect (before start()); `callback(topic, payload)` runs on
+        the network thread and must not block (e.g. the daemon's Home Assistant clean-up)."""
+        self._watches[topic_filter] = callback
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         try:
             action = self.topics.action_of(msg.topic)
             if action is None:
+                for topic_filter, callback in self._watches.items():
+                    if paho.topic_matches_sub(topic_filter, msg.topic):
+                        callback(msg.topic, bytes(msg.payload))
                 return
-            self._handle_command(action, msg.topic, msg.payload)
+            raw = bytes(msg.payload)
+            why = self.commands.screen(action, raw, bool(msg.retain))
+            if why == "retained":
+                self._send(msg.topic, b"", 1, True)  # an empty retained message deletes it at the broker
+            if why is None:
+                self.commands.submit(action, raw, self._answer)
         except Exception:
             log.exception("MQTT command on %s failed", msg.topic)
 
-    def _handle_command(self, action: str, topic: str, raw: bytes) -> None:
-        try:
-            args = json.loads(raw) if raw.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._reply(action, None, f"{topic}: payload is not valid JSON ({exc})")
-            return
-        if not isinstance(args, dict):
-            self._reply(action, None, f"{topic}: payload must be a JSON object, got {type(args).__name__}")
-            return
-        request_id = args.pop("request_id", None)
-        handler = self._handlers.get(action)
-        if handler is None:
-            known = ", ".join(sorted(self._handlers)) or "none"
-            self._reply(action, request_id, f"unknown action {action!r} (known: {known})")
-            return
-        try:
-            self._executor.submit(self._run_handler, action, handler, args, request_id)
-        except RuntimeError:  # executor shut down: we are closing
-            log.debug("command %s dropped: client closing", action)
-
-    def _run_handler(
-        self, action: str, handler: CommandHandler, args: dict[str, Any], request_id: Any
-    ) -> None:
-        try:
-            result = handler(args)
-            if result is not None and not isinstance(result, Mapping):
-                raise TypeError(f"handler returned {type(result).__name__}, expected a dict or None")
-        except Exception as exc:
-            log.warning("command %s failed: %s", action, exc, exc_info=True)
-            self._reply(action, request_id, f"{self.topics.cmd(action)}: {exc or type(exc).__name__}")
-            return
-        self._reply(action, request_id, None, dict(result or {}))
-
-    def _reply(
-        self, action: str, request_id: Any, error: str | None, fields: Mapping[str, Any] | None = None
-    ) -> None:
-        body: dict[str, Any] = {"action": action, "ok": error is None, "error": error}
-        body.update(fields or {})
-        body["request_id"] = request_id
-        if error is not None:
-            log.info("command %s rejected: %s", action, error)
-        try:
-            data = payload("cmd-result", **body)
-        except (TypeError, ValueError) as exc:  # a handler returned something JSON cannot carry
-            data = payload(
-                "cmd-result",
-                action=action,
-                ok=False,
-                error=f"result not serialisable: {exc}",
-                request_id=request_id,
-            )
-        self.publish(self.topics.cmd_result(action), data, qos=1, kind="event")
+    def _answer(self, answer: Answer) -> None:
+        self.publish(self.topics.cmd_result(answer.action), payload("cmd-result", **answer.body()), qos=1)

@@ -167,13 +167,14 @@ def build_telemetry(
 ) -> dict[str, Any]:
     """The fields of an ``edge-agent/telemetry/1`` payload (pass to ``topics.payload("telemetry", **d)``).
 
-    cameras: {cam: {fps_in, fps_out, dropped, frame_age_ms, ...}} (extra keys kept); stages: from
+    cameras: {cam: {fps_in, fps_out, dropped, dropped_stale, frame_age_ms, ...}} (extra keys kept;
+    dropped: replaced in the slot before the model took them, dropped_stale: taken too old); stages: from
     ``StageWindow.summary()``; backend: a name or {model: name}; process/gpu: read now when None;
     mqtt: ``MqttClient.stats()`` (only dropped_offline and queued are published).
     """
     cams = {}
     for name, c in cameras.items():
-        row = {"fps_in": None, "fps_out": None, "dropped": 0, "frame_age_ms": None}
+        row = {"fps_in": None, "fps_out": None, "dropped": 0, "dropped_stale": 0, "frame_age_ms": None}
         row.update(c)
         cams[name] = row
     fields: dict[str, Any] = {
@@ -186,6 +187,8 @@ def build_telemetry(
         "mqtt": {
             "dropped_offline": (mqtt or {}).get("dropped_offline", 0),
             "queued": (mqtt or {}).get("queued", 0),
+            # accepted, rejected, dropped, retained_ignored, failed (agent.commands)
+            "commands": dict((mqtt or {}).get("commands", {})),
         },
     }
     if window_s is not None:
@@ -218,6 +221,13 @@ class Metrics:
         self.camera_dropped = Gauge(
             "camera_dropped_frames",
             "Frames dropped (latest frame wins), as reported",
+            ["camera"],
+            namespace=ns,
+            registry=r,
+        )
+        self.camera_stale = Gauge(
+            "camera_stale_frames",
+            "Frames dropped unprocessed for being older than the model's max age, as reported",
             ["camera"],
             namespace=ns,
             registry=r,
@@ -259,6 +269,8 @@ class Metrics:
                     self.camera_fps.labels(cam, direction).set(v)
             if c.get("dropped") is not None:
                 self.camera_dropped.labels(cam).set(c["dropped"])
+            if c.get("dropped_stale") is not None:
+                self.camera_stale.labels(cam).set(c["dropped_stale"])
             if c.get("frame_age_ms") is not None:
                 self.camera_frame_age.labels(cam).set(c["frame_age_ms"] / 1000.0)
         if fields.get("batch_fill") is not None:

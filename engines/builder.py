@@ -10,6 +10,9 @@ cache -> store. The builder takes fp32/fp16/int8 only; `best` is the agent's acc
 A failure raises BuildError/UnavailableError and leaves the store as it was.
 on_progress(phase, step, total) gets coarse phases (parse/build/serialize/save) from this module and,
 where the module has IProgressMonitor, TensorRT's own phases in between.
+Engines are built with ProfilingVerbosity.DETAILED where it exists; the manifest records that
+(`build.profiling_verbosity`) and how many layers run in which precision (`build.layers`, where this
+machine can see it: engines.runtimes.trt_layers.build_layer_summary).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from engines.fsutil import atomic_write_bytes
 from engines.int8_build import Int8Request, configure_int8, finish_int8
 from engines.manifest import Manifest
 from engines.precision import PreparedModel, prepare_model, require_precision
+from engines.runtimes.trt_layers import build_layer_summary
 from engines.settings import BuildSettings, profiles_from_json
 from engines.store import EngineStore
 from engines.trt_api import ProgressCallback, TrtApi, import_trt
@@ -86,8 +90,9 @@ def build_plan(
     timing_cache: bytes = b"",
     on_progress: ProgressCallback = _noop,
     int8: Int8Request | None = None,
-) -> tuple[bytes, Any, int]:
-    """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded).
+) -> tuple[bytes, Any, int, dict[str, Any]]:
+    """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded,
+    {profiling_verbosity, layers} for the manifest's build record).
     `int8` carries a calibrated INT8 build's inputs and receives its results (flags, kept layers, cache)."""
     logger = api.logger()
     builder = api.mod.Builder(logger)
@@ -100,6 +105,9 @@ def build_plan(
     config = builder.create_builder_config()
     api.set_workspace(config, spec.workspace_bytes)
     api.set_optimization_level(config, spec.optimization_level)
+    # Layer names, types, precisions and tactics for the inspector and `edge-agent profile`. It describes the
+    # engine rather than changing what it computes, so it is recorded but not part of the engine key.
+    verbosity = api.set_profiling_verbosity(config)
     if prepared.builder_flag != "int8":  # INT8 flags come with the calibrator (configure_int8)
         api.set_precision_flag(config, prepared.builder_flag)
     fp = spec.fingerprint
@@ -150,7 +158,8 @@ def build_plan(
     on_progress("serialize", 0, 1)
     data = bytes(memoryview(plan))
     on_progress("serialize", 1, 1)
-    return data, (config, cache), entries
+    layers = build_layer_summary(api, data, logger, fp.has_gpu) if verbosity else None
+    return data, (config, cache), entries, {"profiling_verbosity": verbosity, "layers": layers}
 
 
 def _save_timing_cache(api: TrtApi, path: Path, handle: Any) -> None:
@@ -256,7 +265,7 @@ def build(
         tc_data = tc_path.read_bytes() if tc_path.exists() else b""
 
         t0 = time.monotonic()
-        plan, tc_handle, entries = build_plan(
+        plan, tc_handle, entries, described = build_plan(
             api, prepared, spec, timing_cache=tc_data, on_progress=progress, int8=int8
         )
         build_s = time.monotonic() - t0
@@ -284,6 +293,7 @@ def build(
                 "build_s": round(build_s, 3),
                 "agent_version": agent_version,
                 "plan_sha256": hashlib.sha256(plan).hexdigest(),
+                **described,
             },
             validation=None,
         )

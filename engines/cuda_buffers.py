@@ -172,6 +172,10 @@ class Stream:
     def synchronize(self) -> None:
         cuda_call(self._rt, "cudaStreamSynchronize", self._rt.cudaStreamSynchronize(self.raw))
 
+    def wait(self, event: Event) -> None:
+        """Work queued on this stream from now on starts after `event` fired (no host wait)."""
+        cuda_call(self._rt, "cudaStreamWaitEvent", self._rt.cudaStreamWaitEvent(self.raw, event.raw, 0))
+
     def destroy(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
@@ -181,15 +185,28 @@ class Stream:
 class Event:
     """A CUDA event with timing: record on a stream, wait for it, read the ms between two events."""
 
-    def __init__(self, cudart: ModuleType | None = None) -> None:
+    def __init__(self, cudart: ModuleType | None = None, *, timing: bool = True) -> None:
         self._rt = cudart or import_cudart()
-        self._event: Any = cuda_call(self._rt, "cudaEventCreate", self._rt.cudaEventCreate())
+        if timing:
+            self._event: Any = cuda_call(self._rt, "cudaEventCreate", self._rt.cudaEventCreate())
+        else:  # cheaper to record and wait on where only ordering matters
+            flags = self._rt.cudaEventDisableTiming
+            self._event = cuda_call(
+                self._rt, "cudaEventCreateWithFlags", self._rt.cudaEventCreateWithFlags(flags)
+            )
+
+    @property
+    def raw(self) -> Any:
+        """The cuda-python event object (for cudaStreamWaitEvent)."""
+        if self._event is None:
+            raise CudaError("CUDA event used after destroy()")
+        return self._event
 
     def record(self, stream: Stream) -> None:
-        cuda_call(self._rt, "cudaEventRecord", self._rt.cudaEventRecord(self._event, stream.raw))
+        cuda_call(self._rt, "cudaEventRecord", self._rt.cudaEventRecord(self.raw, stream.raw))
 
     def synchronize(self) -> None:
-        cuda_call(self._rt, "cudaEventSynchronize", self._rt.cudaEventSynchronize(self._event))
+        cuda_call(self._rt, "cudaEventSynchronize", self._rt.cudaEventSynchronize(self.raw))
 
     def ms_since(self, start: Event) -> float:
         """Device time from `start` to this event (both recorded and completed)."""

@@ -4,7 +4,8 @@
     m.fingerprint["trt_version"], m.build["precision"], m.to_json()
 
 Fields are exactly DESIGN.md's "Engine store and manifest". `validation` is null until the
-precision issue adds the accuracy gate.
+precision issue adds the accuracy gate. Fields added later (OPTIONAL_BUILD_SPEC: the profiling verbosity
+and the layer-precision summary) are checked where present: manifests written before them still load.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import ManifestError
+from engines.layer_info import check_summary
 
 SCHEMA = "edge-agent/engine-manifest/1"
 
@@ -46,6 +48,11 @@ BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "agent_version": (_STR, False),
     "plan_sha256": (_STR, False),
 }
+# Written by every build since the profiling issue; absent from older manifests.
+OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
+    "profiling_verbosity": (_STR, True),  # "detailed", or null where TensorRT has no such setting
+    "layers": ((dict,), True),  # {total, precisions {FP32, FP16, INT8, ...}, source}, null if unseen
+}
 
 
 @dataclass(frozen=True)
@@ -71,12 +78,20 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
 
-def _check(where: str, obj: Any, spec: dict[str, tuple[tuple[type, ...], bool]], prefix: str) -> None:
+def _check(
+    where: str,
+    obj: Any,
+    spec: dict[str, tuple[tuple[type, ...], bool]],
+    prefix: str,
+    optional: bool = False,
+) -> None:
     if not isinstance(obj, dict):
         raise ManifestError(f"manifest {where}: field {prefix!r} must be an object, got {type(obj).__name__}")
     for name, (types, nullable) in spec.items():
         field = f"{prefix}.{name}"
         if name not in obj:
+            if optional:
+                continue
             raise ManifestError(f"manifest {where}: field {field!r} is missing")
         value = obj[name]
         if value is None:
@@ -110,7 +125,12 @@ def manifest_from_dict(data: Any, where: str | Path = "<memory>", path: Path | N
         raise ManifestError(f"manifest {where}: field 'schema' is {schema!r}, expected {SCHEMA!r}")
     _check(str(where), data.get("fingerprint"), FINGERPRINT_SPEC, "fingerprint")
     _check(str(where), data.get("build"), BUILD_SPEC, "build")
+    _check(str(where), data["build"], OPTIONAL_BUILD_SPEC, "build", optional=True)
     _check_profiles(str(where), data["build"]["profiles"])
+    layers = data["build"].get("layers")
+    problem = None if layers is None else check_summary(layers)
+    if problem:
+        raise ManifestError(f"manifest {where}: field 'build.layers' {problem}")
     validation = data.get("validation")
     if validation is not None and not isinstance(validation, dict):
         raise ManifestError(f"manifest {where}: field 'validation' must be an object or null")

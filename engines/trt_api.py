@@ -20,6 +20,10 @@ Facts behind the probes (TensorRT docs; only the tensorrt_rtx paths run on this 
   `set_output_type` are only honoured with PREFER/OBEY_PRECISION_CONSTRAINTS (8.2+; STRICT_TYPES before).
   Dynamic-shape networks calibrate at the kOPT shape of the calibration profile (set_calibration_profile).
 - INT8 on strongly typed TensorRT (11, RTX): explicit quantisation only, i.e. a Q/DQ ONNX; no calibrators.
+- Layer information: IBuilderConfig.profiling_verbosity (ProfilingVerbosity.DETAILED) and the engine
+  inspector (ICudaEngine.create_engine_inspector, LayerInformationFormat.JSON) arrived in TensorRT 8.2;
+  IProfiler (report_layer_time) is older. TensorRT-RTX 1.7 also logs the DETAILED layer list at VERBOSE
+  when it builds ("Layers:" ..., measured): the logger keeps it (engines.layer_info reads it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any, ClassVar, NoReturn
 import numpy as np
 
 from engines.errors import UnavailableError
+from engines.layer_info import BUILD_LOG_MARK
 
 log = logging.getLogger("engines.trt")
 
@@ -188,8 +193,11 @@ class TrtApi:
             def __init__(self) -> None:
                 base.__init__(self)
                 self.errors: list[str] = []
+                self.layers_log: str | None = None  # the builder's DETAILED layer list, where it logs one
 
             def log(self, sev: Any, msg: str) -> None:
+                if msg.startswith(BUILD_LOG_MARK):
+                    self.layers_log = msg
                 # Severity is an enum ordered INTERNAL_ERROR(0) < ERROR(1) < WARNING(2) < INFO < VERBOSE.
                 level = int(sev) if severity is not None else 1
                 if level <= 1:
@@ -363,6 +371,41 @@ class TrtApi:
                 "Jetson/datacenter GPU"
             )
         return None
+
+    # --- layer information and per-layer times ----------------------------------------------
+    def set_profiling_verbosity(self, config: Any) -> str | None:
+        """Build with ProfilingVerbosity.DETAILED (layer names, types, precisions and tactics in the engine
+        inspector, TensorRT >= 8.2 and RTX). Returns "detailed", or None where the knob does not exist."""
+        if not (
+            self._has("IBuilderConfig", "profiling_verbosity") and self._has("ProfilingVerbosity", "DETAILED")
+        ):
+            log.info("%s has no profiling verbosity: the engine records no layer details", self.label)
+            return None
+        config.profiling_verbosity = self.mod.ProfilingVerbosity.DETAILED
+        return "detailed"
+
+    @property
+    def has_engine_inspector(self) -> bool:
+        return self._has("ICudaEngine", "create_engine_inspector") and self._has(
+            "LayerInformationFormat", "JSON"
+        )
+
+    def layer_profiler(self) -> Any | None:
+        """An IProfiler that keeps every report_layer_time(layer, ms) in `.times` {layer: [ms, ...]}, in
+        call order (once per layer per execution); None where the module has no IProfiler."""
+        if not hasattr(self.mod, "IProfiler"):
+            return None
+        base = self.mod.IProfiler
+
+        class LayerTimes(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)  # the pybind11 trampoline needs the base initialised explicitly
+                self.times: dict[str, list[float]] = {}
+
+            def report_layer_time(self, layer_name: str, ms: float) -> None:
+                self.times.setdefault(layer_name, []).append(float(ms))
+
+        return LayerTimes()
 
     def set_dla(self, builder: Any, config: Any, core: int) -> None:
         """Run on DLA core `core`, with GPU fallback for layers DLA cannot run."""

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Stage stamps, in order. Each is a time.monotonic() reading; latencies are differences.
-STAGES = ("captured", "dequeued", "preprocessed", "inferred", "postprocessed", "published")
+# Stage stamps, in order. Each is a time.monotonic() reading; latencies are differences. "submitted": the
+# batch got an execution slot (between preprocessed and submitted it waited for one: pipeline "wait").
+STAGES = ("captured", "dequeued", "preprocessed", "submitted", "inferred", "postprocessed", "published")
 
 
 @dataclass(slots=True)
@@ -44,13 +45,18 @@ class Detections:
 
 
 def stage_latencies_ms(frame: Frame) -> dict[str, float]:
-    """Per-stage latency of a frame from its stamps (queue, preprocess, infer, postprocess, total)."""
+    """Per-stage latency of a frame from its stamps (queue, preprocess, wait, infer, postprocess, total).
+
+    "wait" (for a free execution slot) appears only for frames that went through the pipelined worker.
+    """
     s = frame.stamps
     out: dict[str, float] = {}
+    infer_from = "submitted" if "submitted" in s else "preprocessed"
     for name, start, end in (
         ("queue", "captured", "dequeued"),
         ("preprocess", "dequeued", "preprocessed"),
-        ("infer", "preprocessed", "inferred"),
+        ("wait", "preprocessed", "submitted"),
+        ("infer", infer_from, "inferred"),
         ("postprocess", "inferred", "postprocessed"),
     ):
         if start in s and end in s:

@@ -62,6 +62,8 @@ def load_labels(path: str | Path) -> list[str]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise FileNotFoundError(f"cannot read label file {p}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"label file {p} is not UTF-8 text (byte {e.start})") from None
     labels = [line.strip() for line in text.splitlines() if line.strip()]
     if not labels:
         raise ValueError(f"label file {p} has no labels")

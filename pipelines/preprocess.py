@@ -7,6 +7,12 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+# OpenCV's own worker threads cost more than they give here: frames are small work items and the
+# pipeline runs many at once on threads of its own. Measured on the 2-core VM, letterbox of one
+# 640x272 frame: 0.54 ms of CPU with cv2's 2 threads vs 0.38 ms with 1, no faster in wall time
+# (1080p: 0.45 vs 0.42 ms wall). Process-wide, set once on import.
+cv2.setNumThreads(1)
+
 
 @dataclass(frozen=True, slots=True)
 class Letterbox:
@@ -19,8 +25,9 @@ class Letterbox:
     src_h: int
 
 
-def _place(src_h: int, src_w: int, dst_h: int, dst_w: int) -> tuple[Letterbox, int, int]:
-    """Where a src image lands in the network input: its Letterbox and resized width/height."""
+def place(src_h: int, src_w: int, dst_h: int, dst_w: int) -> tuple[Letterbox, int, int]:
+    """Where a src image lands in the network input: its Letterbox and resized width/height (the CPU and
+    the GPU letterbox both use this, so their boxes agree exactly)."""
     scale = min(dst_h / src_h, dst_w / src_w)
     new_w = min(dst_w, max(1, round(src_w * scale)))
     new_h = min(dst_h, max(1, round(src_h * scale)))
@@ -38,7 +45,7 @@ def letterbox(image: np.ndarray, size: tuple[int, int], pad_value: int = 114) ->
         raise ValueError(f"letterbox expects an HxWx3 image, got shape {image.shape}")
     dst_h, dst_w = size
     src_h, src_w = image.shape[:2]
-    lb, new_w, new_h = _place(src_h, src_w, dst_h, dst_w)
+    lb, new_w, new_h = place(src_h, src_w, dst_h, dst_w)
     left, top = int(lb.pad_x), int(lb.pad_y)
 
     if (new_w, new_h) == (dst_w, dst_h):
@@ -97,6 +104,36 @@ def to_nchw(
     return out
 
 
+@dataclass(frozen=True)
+class Normalisation:
+    """What a model wants as input: its size, channel order, and (x * scale - mean) / std folded into one
+    multiply-add per element, x * mul + add, with mul/add per channel in the network's channel order."""
+
+    input_hw: tuple[int, int]
+    mul: np.ndarray  # (3,) float32
+    add: np.ndarray  # (3,) float32
+    pad: np.ndarray  # (3,) float32: the pad value, normalised
+    swap_rb: bool  # True: network wants RGB (frames are BGR)
+    pad_value: int
+
+    @classmethod
+    def of(
+        cls,
+        input_hw: tuple[int, int],
+        mean: np.ndarray | None,
+        std: np.ndarray | None,
+        scale: float,
+        swap_rb: bool,
+        pad_value: int,
+    ) -> Normalisation:
+        mean_v = np.zeros(3, np.float32) if mean is None else np.asarray(mean, np.float32).reshape(3)
+        std_v = np.ones(3, np.float32) if std is None else np.asarray(std, np.float32).reshape(3)
+        mul = np.float32(scale) / std_v
+        add = -mean_v / std_v
+        pad = np.float32(pad_value) * mul + add
+        return cls((int(input_hw[0]), int(input_hw[1])), mul, add, pad, bool(swap_rb), int(pad_value))
+
+
 def letterbox_nchw(
     images: list[np.ndarray],
     size: tuple[int, int],
@@ -106,37 +143,46 @@ def letterbox_nchw(
     scale: float,
     swap_rb: bool,
 ) -> tuple[np.ndarray, list[Letterbox]]:
-    """letterbox + to_nchw in one pass: the same tensor, with less work on the hot path.
+    """letterbox + to_nchw in one pass: the same tensor, with less work on the hot path."""
+    return letterbox_normalise(images, Normalisation.of(size, mean, std, scale, swap_rb, pad_value))
+
+
+def letterbox_normalise(images: list[np.ndarray], norm: Normalisation) -> tuple[np.ndarray, list[Letterbox]]:
+    """Letterbox each HxWx3 uint8 image into one float32 NCHW batch, normalised as `norm` says.
 
     Only the resized content is normalised; the padding bands get the normalised pad value directly,
     and no padded uint8 canvas is made (for 16:9 cameras the content is ~56% of a square input).
     """
     if not images:
         raise ValueError("letterbox_nchw needs at least one image")
-    dst_h, dst_w = size
-    mean_v = np.zeros(3, np.float32) if mean is None else np.asarray(mean, np.float32).reshape(3)
-    std_v = np.ones(3, np.float32) if std is None else np.asarray(std, np.float32).reshape(3)
-    mul = (np.float32(scale) / std_v)[:, None, None]
-    add = (-mean_v / std_v)[:, None, None]
-    pad = np.float32(pad_value) * mul + add  # (3, 1, 1), broadcast into the bands
+    dst_h, dst_w = norm.input_hw
     out = np.empty((len(images), 3, dst_h, dst_w), dtype=np.float32)
     boxes: list[Letterbox] = []
     for i, img in enumerate(images):
         if img.ndim != 3 or img.shape[2] != 3:
             raise ValueError(f"letterbox_nchw: image {i} has shape {img.shape}, expected HxWx3")
-        lb, new_w, new_h = _place(img.shape[0], img.shape[1], dst_h, dst_w)
+        lb, new_w, new_h = place(img.shape[0], img.shape[1], dst_h, dst_w)
         left, top = int(lb.pad_x), int(lb.pad_y)
         resized = img if (new_w, new_h) == (img.shape[1], img.shape[0]) else cv2.resize(img, (new_w, new_h))
         o = out[i]
-        o[:, :top, :] = pad
-        o[:, top + new_h :, :] = pad
-        o[:, top : top + new_h, :left] = pad
-        o[:, top : top + new_h, left + new_w :] = pad
-        chw = resized.transpose(2, 0, 1)
-        if swap_rb:
-            chw = chw[::-1]
-        region = o[:, top : top + new_h, left : left + new_w]
-        np.multiply(chw, mul, out=region)
-        region += add
+        pad = norm.pad[:, None, None]
+        if top:
+            o[:, :top, :] = pad
+        if top + new_h < dst_h:
+            o[:, top + new_h :, :] = pad
+        if left:
+            o[:, top : top + new_h, :left] = pad
+        if left + new_w < dst_w:
+            o[:, top : top + new_h, left + new_w :] = pad
+        # Split into contiguous planes first (one fast OpenCV pass): the multiply then reads contiguous
+        # memory instead of every third byte, which halves the normalisation time (measured 0.15 -> 0.08
+        # ms at 416x177).
+        planes = cv2.split(resized)
+        if norm.swap_rb:
+            planes = planes[::-1]
+        for c in range(3):
+            region = o[c, top : top + new_h, left : left + new_w]
+            np.multiply(planes[c], norm.mul[c], out=region)
+            region += norm.add[c]
         boxes.append(lb)
     return out, boxes

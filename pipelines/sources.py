@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from pipelines.frames import Frame
+from pipelines.rtsp_probe import diagnose
 from pipelines.urls import mask_url, secrets_of
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,11 @@ class FrameSlot:
                 return None
             frame, self._frame = self._frame, None
             return frame
+
+    @property
+    def last_put(self) -> float:
+        """time.monotonic() of the latest put (0.0: never): tells a live camera from a silent one."""
+        return self._put_at
 
     def peek_age(self) -> float | None:
         """Seconds the unread frame has been waiting in the slot, or None when the slot is empty."""
@@ -287,10 +293,13 @@ class CameraReader(threading.Thread):
         took = time.monotonic() - start
         if not cap.isOpened():
             cap.release()
-            if t.kind in ("rtsp", "stream") and took >= 0.9 * self.spec.open_timeout_s:
-                timeout = self.spec.open_timeout_s
-                return None, self._scrub(f"open timed out after {timeout:g} s: {self.display}")
-            return None, self._scrub(f"cannot open {self.display}")
+            timed_out = t.kind in ("rtsp", "stream") and took >= 0.9 * self.spec.open_timeout_s
+            what = f"open timed out after {self.spec.open_timeout_s:g} s" if timed_out else "cannot open"
+            if t.kind == "rtsp" and self.spec.url is not None:
+                # FFmpeg says nothing about why: ask the camera (refused, timeout, 401, 404, ...).
+                why = diagnose(self.spec.url, timeout=min(3.0, self.spec.open_timeout_s))
+                return None, self._scrub(f"{what}: {self.display}: {why}")
+            return None, self._scrub(f"{what}: {self.display}" if timed_out else f"{what} {self.display}")
         self.last_open_s = took
         log.debug("camera %s: opened %s in %.3f s", self.spec.camera, self.display, took)
         return cap, ""

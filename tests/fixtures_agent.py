@@ -15,6 +15,20 @@ import pytest
 from fixtures_mqtt import Message, Subscriber
 
 REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "agent" / "assets"
+
+
+def bundled_model(**overrides: object) -> dict:
+    """A `models.M` config section: the bundled NanoDet on ONNX Runtime (CPU, one intra-op thread)."""
+    return {
+        "onnx": str(ASSETS / "nanodet-m-416.onnx"),
+        "format": "nanodet",
+        "labels": str(ASSETS / "coco.names"),
+        "backend": "onnxruntime",
+        "precision": "fp32",
+        "threads": {"intra": 1},
+        **overrides,
+    }
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:

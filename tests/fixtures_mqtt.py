@@ -6,11 +6,13 @@ import contextlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -106,13 +108,26 @@ class Broker:
 
 
 class Subscriber:
-    """A paho client that collects (topic, payload, retain) of ``topic_filter`` (thread-safe)."""
+    """A paho client that collects (topic, payload, retain) of ``topic_filter`` (thread-safe); over TLS
+    with ``tls_context``, authenticated with ``username``/``password``."""
 
-    def __init__(self, port: int, topic_filter: str, qos: int = 1) -> None:
+    def __init__(
+        self,
+        port: int,
+        topic_filter: str,
+        qos: int = 1,
+        tls_context: ssl.SSLContext | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.messages: list[Message] = []
         self._cond = threading.Condition()
         self._subscribed = threading.Event()
         self.client = paho.Client(CallbackAPIVersion.VERSION2)
+        if tls_context is not None:
+            self.client.tls_set_context(tls_context)
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *_: self._subscribed.set()
         self.client.connect("127.0.0.1", port, keepalive=10)
@@ -178,11 +193,11 @@ def mqtt_broker_stopped(tmp_path: Path) -> Iterator[Broker]:
 
 @pytest.fixture
 def mqtt_subscribe() -> Iterator[Callable[..., Subscriber]]:
-    """Factory: ``mqtt_subscribe(port, filter)`` -> Subscriber, all closed at teardown."""
+    """Factory: ``mqtt_subscribe(port, filter, **options)`` -> Subscriber, all closed at teardown."""
     subs: list[Subscriber] = []
 
-    def make(port: int, topic_filter: str, qos: int = 1) -> Subscriber:
-        sub = Subscriber(port, topic_filter, qos)
+    def make(port: int, topic_filter: str, qos: int = 1, **options: Any) -> Subscriber:
+        sub = Subscriber(port, topic_filter, qos, **options)
         subs.append(sub)
         return sub
 

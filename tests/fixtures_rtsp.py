@@ -63,8 +63,10 @@ class RtspServer:
         mounts: Sequence[str] = ("/cam",),
         port: int | None = None,
         pattern: bool = False,
+        auth: tuple[str, str] | None = None,
     ) -> None:
         self.clip = clip
+        self.auth = auth  # (user, password): Basic authentication required
         self.mounts = [m if m.startswith("/") else "/" + m for m in mounts]
         self.port = port if port is not None else free_port()
         self.pattern = pattern
@@ -86,6 +88,8 @@ class RtspServer:
         cmd += ["--pattern"] if self.pattern else ["--file", str(self.clip), "--workdir", self._workdir.name]
         for mount in self.mounts:
             cmd += ["--mount", mount]
+        if self.auth is not None:
+            cmd += ["--user", self.auth[0], "--password", self.auth[1]]
         self._stderr.seek(0)
         self._stderr.truncate()
         t0 = time.monotonic()

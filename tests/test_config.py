@@ -126,10 +126,11 @@ def test_password_file(tmp_path: Path) -> None:
 
 
 def test_unreadable_password_file_names_path(tmp_path: Path) -> None:
+    # Checked at load (--check-config, reload), not when the daemon first connects.
     text = BASE + "mqtt: {username: agent, password_file: missing.pw}\n"
-    cfg = load_config(write(tmp_path, text), env={"GATE_PASSWORD": "x"})
-    with pytest.raises(ConfigError, match=r"mqtt\.password_file: cannot read .*missing\.pw"):
-        cfg.mqtt.read_password()
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=rf"^{path}: mqtt\.password_file: cannot read .*missing\.pw"):
+        load_config(path, env={"GATE_PASSWORD": "x"})
 
 
 def test_secret_not_in_validation_error(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from engines.buildproc import ChildProcess
 from engines.compat import check
 from engines.errors import BuildError, BuildLockedError, StoreError
 from engines.fingerprint import probe_fingerprint
-from engines.manifest import BUILD_SPEC, FINGERPRINT_SPEC, SCHEMA, load_manifest
+from engines.manifest import BUILD_SPEC, FINGERPRINT_SPEC, OPTIONAL_BUILD_SPEC, SCHEMA, load_manifest
 from engines.settings import BuildSettings
 from engines.store import EngineStore, sha256_file
 from engines.trt_api import import_trt
@@ -88,7 +88,9 @@ def test_fp32_build_writes_plan_and_complete_manifest(built, fp32_settings, fp):
     m = load_manifest(root / MODEL / f"{result.key}.json")
     raw = json.loads(m.path.read_text())
     assert raw["schema"] == SCHEMA and set(raw) == {"schema", "fingerprint", "build", "validation"}
-    assert set(raw["fingerprint"]) == set(FINGERPRINT_SPEC) and set(raw["build"]) == set(BUILD_SPEC)
+    assert set(raw["fingerprint"]) == set(FINGERPRINT_SPEC)
+    # New builds write the optional fields too (older manifests without them still load).
+    assert set(raw["build"]) == set(BUILD_SPEC) | set(OPTIONAL_BUILD_SPEC)
     assert (
         raw["fingerprint"]["trt_flavor"] == "tensorrt_rtx"
         and raw["fingerprint"]["compute_capability"] == "8.6"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures_agent import bundled_model
 from fixtures_mqtt import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,13 +69,7 @@ def test_agent_logs_to_journald_with_camera_and_model_fields(
         "device_id": "jrnl",
         "engine_dir": str(tmp_path / "engines"),
         "models": {
-            "detector": {
-                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
-                "format": "nanodet",
-                "labels": str(ASSETS / "coco.names"),
-                "backend": "onnxruntime",
-                "precision": "fp32",
-            }
+            "detector": bundled_model()
         },
         "cameras": {
             "gate": {

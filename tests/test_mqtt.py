@@ -16,6 +16,7 @@ import pytest
 from fixtures_agent import wait_until
 from fixtures_mqtt import Broker, Subscriber
 
+from agent.commands import CommandError
 from agent.mqtt import MqttClient, MqttError, read_password_file
 from agent.topics import Topics, payload
 
@@ -238,7 +239,7 @@ def test_close_is_bounded_when_the_broker_is_gone(mqtt_broker: Broker, make_clie
 
 # ---- offline behaviour ---------------------------------------------------------------------------
 def _wait_failed_attempt(c: MqttClient) -> None:
-    # Right after a failed attempt paho sleeps >= reconnect_min_delay (1 s): enough time to start the
+    # After a failed attempt the client waits >= reconnect_min_delay / 2 (jitter: 0.5 s): time to start the
     # broker and a subscriber before the client can connect, so the subscriber sees everything.
     n = c.stats()["connect_failures"]
     assert wait_until(lambda: c.stats()["connect_failures"] > n, 10)
@@ -336,15 +337,15 @@ def commander(
 ) -> tuple[MqttClient, Subscriber]:
     c = make_client(mqtt_broker.port)
 
-    def snapshot(args: dict[str, Any]) -> dict[str, Any]:
-        return {"camera": args["camera"], "bytes": 1234}
+    def snapshot(req: Any) -> dict[str, Any]:
+        return {"camera": req.camera, "bytes": 1234}
 
-    def rebuild(args: dict[str, Any]) -> dict[str, Any]:
-        raise RuntimeError(f"model {args.get('model')!r} is not configured")
+    def rebuild(req: Any) -> dict[str, Any]:
+        raise CommandError(f"field 'model': {req.model!r} is not configured")
 
     c.on_command("snapshot", snapshot)
     c.on_command("rebuild", rebuild)
-    c.on_command("reload", lambda args: None)
+    c.on_command("reload", lambda req: None)
     assert c.wait_connected(10)
     sub = mqtt_subscribe(mqtt_broker.port, f"{PREFIX}/{c.topics.device}/cmd/+/result")
     return c, sub
@@ -365,14 +366,10 @@ def _command(commander: tuple[MqttClient, Subscriber], action: str, raw: bytes) 
     [
         ("snapshot", b'{"camera": "gate", "request_id": "r1"', "is not valid JSON"),
         ("snapshot", b"[1, 2]", "must be a JSON object, got list"),
-        ("snapshot", b"\xff\xfe", "is not valid JSON"),
-        (
-            "selfdestruct",
-            b'{"request_id": "r2"}',
-            "unknown action 'selfdestruct' (known: rebuild, reload, snapshot)",
-        ),
-        ("rebuild", b'{"model": "ghost", "request_id": "r3"}', "model 'ghost' is not configured"),
-        ("snapshot", b'{"request_id": "r4"}', "'camera'"),  # handler KeyError -> str(exc)
+        ("snapshot", b"\xff\xfe", "payload is not UTF-8"),
+        ("selfdestruct", b'{"request_id": "r2"}', "unknown action 'selfdestruct'"),
+        ("rebuild", b'{"model": "ghost", "request_id": "r3"}', "field 'model': 'ghost' is not configured"),
+        ("snapshot", b'{"request_id": "r4"}', "field 'camera': required field is missing"),
     ],
 )
 def test_bad_commands_are_answered(
@@ -383,8 +380,6 @@ def test_bad_commands_are_answered(
     assert expect in result["error"]
     if b"request_id" in raw and b"{" in raw and raw.endswith(b"}"):
         assert result["request_id"] == json.loads(raw)["request_id"]
-    if "JSON" in expect:
-        assert f"cmd/{action}" in result["error"]  # names the topic
 
 
 def test_good_commands_run_their_handlers(commander: tuple[MqttClient, Subscriber]) -> None:
@@ -392,7 +387,7 @@ def test_good_commands_run_their_handlers(commander: tuple[MqttClient, Subscribe
     assert result == {**result, "ok": True, "error": None, "camera": "gate", "bytes": 1234, "request_id": 42}
     sub = commander[1]
     sub.messages.clear()
-    result = _command(commander, "reload", b"")  # empty payload = {}
+    result = _command(commander, "reload", b"{}")
     assert result["ok"] is True and result["request_id"] is None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures_agent import AgentProcess, wait
+from fixtures_agent import AgentProcess, bundled_model, wait
 from fixtures_mqtt import Broker, Message, Subscriber
 
 from agent.config import parse_config
@@ -28,14 +28,7 @@ def base(tmp_path: Path, port: int, cameras: dict[str, dict]) -> dict:
         "device_id": "hup",
         "engine_dir": str(tmp_path / "engines"),
         "models": {
-            "detector": {
-                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
-                "format": "nanodet",
-                "labels": str(ASSETS / "coco.names"),
-                "backend": "onnxruntime",
-                "precision": "fp32",
-                "threads": {"intra": 1},
-            }
+            "detector": bundled_model()
         },
         "cameras": {name: {"url": CLIP, "model": "detector", "fps": 4, **c} for name, c in cameras.items()},
         "mqtt": {"host": "127.0.0.1", "port": port, "keepalive": 5},

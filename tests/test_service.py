@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures_agent import wait_until
+from fixtures_agent import bundled_model, wait_until
 from fixtures_mqtt import free_port
 from fixtures_notify import NotifySocket
 
@@ -38,14 +38,7 @@ def config(tmp_path: Path, url: str, **camera: object) -> dict:
         "device_id": "svc",
         "engine_dir": str(tmp_path / "engines"),
         "models": {
-            "detector": {
-                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
-                "format": "nanodet",
-                "labels": str(ASSETS / "coco.names"),
-                "backend": "onnxruntime",
-                "precision": "fp32",
-                "threads": {"intra": 1},
-            }
+            "detector": bundled_model()
         },
         "cameras": {"street": {"url": url, "model": "detector", "fps": 10, **camera}},
         "mqtt": {"enabled": False},

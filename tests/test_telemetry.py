@@ -156,11 +156,20 @@ def _fields() -> dict:
     for ms in range(1, 101):
         w.add("infer", float(ms))
     return build_telemetry(
-        cameras={"gate": {"fps_in": 25.0, "fps_out": 9.9, "dropped": 3, "frame_age_ms": 41.0}},
+        cameras={
+            "gate": {"fps_in": 25.0, "fps_out": 9.9, "dropped": 3, "frame_age_ms": 41.0},
+            "yard": {"fps_in": 25.0, "fps_out": 20.0, "dropped": 1, "dropped_stale": 4, "frame_age_ms": 60.0},
+        },
         stages=w.summary(),
         backend={"detector": "onnxruntime"},
         batch_fill=0.75,
-        mqtt={"connected": False, "dropped_offline": 7, "queued": 5, "published": 1},
+        mqtt={
+            "connected": False,
+            "dropped_offline": 7,
+            "queued": 5,
+            "published": 1,
+            "commands": {"rejected": 2},
+        },
         gpu={},
     )
 
@@ -169,10 +178,16 @@ def test_telemetry_payload_has_the_design_fields() -> None:
     d = json.loads(payload("telemetry", **_fields()))
     assert d["schema"] == "edge-agent/telemetry/1" and isinstance(d["ts"], float)
     assert set(d) >= {"cameras", "stages", "backend", "batch_fill", "process", "gpu", "mqtt"}
-    assert d["cameras"]["gate"] == {"fps_in": 25.0, "fps_out": 9.9, "dropped": 3, "frame_age_ms": 41.0}
+    assert d["cameras"]["gate"] == {
+        "fps_in": 25.0,
+        "fps_out": 9.9,
+        "dropped": 3,
+        "dropped_stale": 0,  # filled in when the caller has no count
+        "frame_age_ms": 41.0,
+    }
     assert set(d["stages"]["infer"]) >= {"p50", "p95", "p99"}
     assert set(d["process"]) == {"cpu_percent", "rss_mb"}
-    assert d["mqtt"] == {"dropped_offline": 7, "queued": 5}
+    assert d["mqtt"] == {"dropped_offline": 7, "queued": 5, "commands": {"rejected": 2}}
 
 
 def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
@@ -194,4 +209,5 @@ def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
     assert float(line.split()[-1]) == pytest.approx(0.0505, abs=1e-4)
     assert 'edge_agent_camera_fps{camera="gate",direction="in"} 25.0' in text
     assert "edge_agent_mqtt_dropped_offline 7.0" in text
+    assert 'edge_agent_camera_stale_frames{camera="yard"} 4.0' in text
     assert other.registry is not m.registry

@@ -1,12 +1,12 @@
 """Every TensorRT attribute the execution path uses exists in the real `tensorrt_rtx` module.
 
-TensorRT cannot run on CI (no supported GPU), so engines/runtimes/{slots,tensorrt}.py and engines/trt_api.py
-only meet `fake_tensorrt` there. This test reads their source (ast) for attributes taken on the TensorRT
-objects, known by the variable holding them (RECEIVERS: `context.X`, `self.context.X`, `engine.X`,
-`self._engine.X`, `runtime.X`, ...), and looks each up on the class of the installed tensorrt_rtx: a method
-the code calls must be a method there, an attribute it reads must be a property there. hasattr/getattr
-probes are not uses (they exist to cope with absence). mypy checks the same code against the TensorRT 10
-stubs (tools/test.sh).
+TensorRT cannot run on CI (no supported GPU), so engines/runtimes/{slots,tensorrt,trt_layers}.py and
+engines/trt_api.py only meet `fake_tensorrt` there. This test reads their source (ast) for attributes taken
+on the TensorRT objects, known by the variable holding them (RECEIVERS: `context.X`, `self.context.X`,
+`engine.X`, `self._engine.X`, `runtime.X`, `inspector.X`, ...), and looks each up on the class of the
+installed tensorrt_rtx: a method the code calls must be a method there, an attribute it reads or sets must
+be a property there. hasattr/getattr probes are not uses (they exist to cope with absence). mypy checks
+the same code against the TensorRT 10 stubs (tools/test.sh).
 """
 
 from __future__ import annotations
@@ -19,10 +19,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["engines/runtimes/slots.py", "engines/runtimes/tensorrt.py", "engines/trt_api.py"]
+SOURCES = [
+    "engines/runtimes/slots.py",
+    "engines/runtimes/tensorrt.py",
+    "engines/runtimes/trt_layers.py",
+    "engines/trt_api.py",
+]
 
 # Variable (or self attribute, leading underscores dropped) holding a TensorRT object -> its class.
-RECEIVERS = {"context": "IExecutionContext", "engine": "ICudaEngine", "runtime": "Runtime"}
+RECEIVERS = {
+    "context": "IExecutionContext",
+    "engine": "ICudaEngine",
+    "runtime": "Runtime",
+    "inspector": "EngineInspector",
+}
 
 # What the execution path is known to use: the extraction must find at least these.
 REQUIRED = {
@@ -40,6 +50,11 @@ REQUIRED = {
     ("ICudaEngine", "get_tensor_dtype", "call"),
     ("ICudaEngine", "get_tensor_shape", "call"),
     ("Runtime", "deserialize_cuda_engine", "call"),
+    # per-layer view (engines.runtimes.trt_layers, `edge-agent profile`)
+    ("ICudaEngine", "create_engine_inspector", "call"),
+    ("EngineInspector", "execution_context", "attr"),
+    ("EngineInspector", "get_engine_information", "call"),
+    ("IExecutionContext", "profiler", "attr"),
 }
 
 Use = tuple[str, str, str]  # (class, attribute, "call" | "attr")
@@ -135,6 +150,15 @@ def test_module_level_names_of_the_runtime_path_exist():
     """trt_api reaches these through the module: Runtime(logger), TensorIOMode.INPUT, nptype()."""
     trt = pytest.importorskip("tensorrt_rtx")
     assert callable(trt.Runtime) and hasattr(trt.TensorIOMode, "INPUT") and callable(trt.nptype)
+
+
+def test_module_level_names_of_the_layer_view_exist():
+    """trt_api / trt_layers reach these through the module: the DETAILED verbosity set on the builder
+    config, the inspector's JSON format, and the IProfiler base class with its callback."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    assert hasattr(trt.ProfilingVerbosity, "DETAILED") and hasattr(trt.LayerInformationFormat, "JSON")
+    assert isinstance(inspect.getattr_static(trt.IBuilderConfig, "profiling_verbosity"), property)
+    assert callable(inspect.getattr_static(trt.IProfiler, "report_layer_time"))
 
 
 @pytest.mark.slow

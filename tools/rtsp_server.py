@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where to write the Annex-B copy of --file (kept); default a temp dir removed on exit "
         "(a SIGKILL leaves it behind, so test fixtures pass their own)",
     )
+    p.add_argument("--user", help="require Basic authentication with this user (with --password)")
+    p.add_argument("--password", help="password of --user")
     p.add_argument("--size", default="640x360", help="pattern size WxH")
     p.add_argument("--fps", type=int, default=25, help="pattern frame rate")
     args = p.parse_args(argv)
@@ -108,6 +110,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(set(args.mounts_list)) != len(args.mounts_list):
         p.error("duplicate mount")
     return args
+
+
+def basic_auth(user: str, password: str) -> GstRtspServer.RTSPAuth:
+    """Basic authentication for one user (role "user"); a wrong or missing password gets 401."""
+    auth = GstRtspServer.RTSPAuth()
+    token = GstRtspServer.RTSPToken()
+    token.set_string(GstRtspServer.RTSP_TOKEN_MEDIA_FACTORY_ROLE, "user")
+    auth.add_basic(GstRtspServer.RTSPAuth.make_basic(user, password), token)
+    return auth
+
+
+def role_perms(factory: GstRtspServer.RTSPMediaFactory, role: str) -> None:
+    factory.add_role_from_structure(
+        Gst.Structure.new_from_string(
+            f"{role}, media.factory.access=(boolean)true, media.factory.construct=(boolean)true"
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         server.set_address(HOST)
         server.set_service(str(args.port))
         mounts = server.get_mount_points()
+        if args.user:
+            server.set_auth(basic_auth(args.user, args.password or ""))
         for mount in args.mounts_list:
             factory = GstRtspServer.RTSPMediaFactory()
             factory.set_launch(launch)
+            if args.user:  # only this user may see and play the media
+                role_perms(factory, "user")
             # One pipeline per mount, shared by all its clients: a camera does not restart per viewer.
             factory.set_shared(True)
             mounts.add_factory(mount, factory)

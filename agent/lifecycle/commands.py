@@ -57,6 +57,9 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
             else:
                 result = check(EngineStore(cfg.engine_dir), ctx.name, settings, fp)
                 entry.update(status=result.status, reasons=result.reasons, key=result.key)
+                m = result.manifest
+                if m is not None and m.key == result.key:  # this configuration's engine (fitting or not)
+                    entry["layers"] = m.build.get("layers")  # absent from manifests of older builds
                 if gate is not None:
                     entry["validation"] = gate.state()
             worst = max(worst, 0 if entry["status"] == "ok" else 1)
@@ -72,6 +75,9 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
             print(f"{name}: {e['status']}" + (f" ({extra})" if extra else ""))
             for reason in e["reasons"]:
                 print(f"  - {reason}")
+            if e.get("layers"):
+                counts = ", ".join(f"{p} {n}" for p, n in e["layers"]["precisions"].items() if n)
+                print(f"  layers: {e['layers']['total']} ({counts})")
     return worst
 
 

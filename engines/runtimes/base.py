@@ -5,8 +5,10 @@ Shaped after Polygraphy's runners: public load/infer/close guard state, subclass
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -24,19 +26,73 @@ class TensorSpec:
     dtype: np.dtype
 
 
+class ReadyEvent(Protocol):
+    """What a consumer of a DeviceTensor waits on (engines.cuda_buffers.Event)."""
+
+    @property
+    def raw(self) -> object: ...
+
+    def synchronize(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DeviceTensor:
+    """An NCHW batch already in device memory (GPU preprocessing), for backends with
+    ``accepts_device_input``. The producer's writes are complete once ``ready`` has fired: a consumer
+    makes its stream wait on it (or synchronises it) before reading. ``ptr`` stays valid until the
+    producer takes the buffer back, which the scheduler does only after the batch's infer() returned."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    ready: ReadyEvent
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+Batch = np.ndarray | DeviceTensor
+
+
 class Backend(ABC):
     """Load a model, describe its input, infer a batch.
 
     `infer` takes one NCHW batch (N <= max_batch) and returns every output by name, each with N
-    as its first dimension. Not thread-safe: use one instance per worker/stream.
+    as its first dimension. Up to `slots` calls may run at once on different threads (1 unless the
+    runtime has several execution slots, as TensorRT with several contexts has); `load` and `close`
+    must not overlap any of them.
     """
 
     name: str = "backend"
+    # True where infer() also takes a DeviceTensor (the input never leaves the device).
+    accepts_device_input: bool = False
 
     def __init__(self, precision: str = "fp32") -> None:
         self.precision = precision
         self._loaded = False
-        self.last_gpu_ms: float | None = None  # device time of the last batch, where the runtime measures it
+        # Per thread: with several slots, two threads' batches finish in any order.
+        self._timing = threading.local()
+        self.last_gpu_ms = None
+
+    @property
+    def last_gpu_ms(self) -> float | None:
+        """Device time of the last batch this thread ran, where the runtime measures it."""
+        return getattr(self._timing, "gpu_ms", None)
+
+    @last_gpu_ms.setter
+    def last_gpu_ms(self, value: float | None) -> None:
+        self._timing.gpu_ms = value
+
+    @property
+    def slots(self) -> int:
+        """How many batches this backend runs at once (its execution slots); the scheduler keeps up to
+        this many in flight."""
+        return 1
 
     @property
     def loaded(self) -> bool:
@@ -47,9 +103,11 @@ class Backend(ABC):
             self._load_impl()
             self._loaded = True
 
-    def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         if not self._loaded:
             raise BackendError(f"{self.name}: infer() called before load()")
+        if isinstance(batch, DeviceTensor) and not self.accepts_device_input:
+            raise BackendError(f"{self.name}: takes host arrays only, got a batch in device memory")
         if batch.ndim != 4:
             raise BackendError(f"{self.name}: expected an NCHW batch, got shape {batch.shape}")
         if batch.shape[0] > self.max_batch:
@@ -89,7 +147,8 @@ class Backend(ABC):
     def _load_impl(self) -> None: ...
 
     @abstractmethod
-    def _infer_impl(self, batch: np.ndarray) -> dict[str, np.ndarray]: ...
+    def _infer_impl(self, batch: Batch) -> dict[str, np.ndarray]:
+        """One batch; a DeviceTensor reaches it only where accepts_device_input is True."""
 
     def _close_impl(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -25,7 +25,7 @@ import logging
 import queue
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from engines.cuda_buffers import (
     import_cudart,
     memcpy_async,
 )
-from engines.runtimes.base import BackendError
+from engines.runtimes.base import BackendError, DeviceTensor
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
@@ -78,6 +78,7 @@ class ExecutionSlot:
         self._input = next(t for t in io if t.is_input)
         self._outputs = [t for t in io if not t.is_input]
         self._buffers: list[_Buffers] = []
+        self._input_ptr = 0  # where the input tensor's address points now
         self._events: list[Event] = []
         self.stream: Stream | None = None
         context = engine.create_execution_context()
@@ -137,6 +138,14 @@ class ExecutionSlot:
         for b in self._buffers:
             if not self.context.set_tensor_address(b.spec.name, b.device.ptr):
                 raise BackendError(f"{self.plan}: cannot set the address of tensor {b.spec.name!r}")
+        self._input_ptr = self._buffers[0].device.ptr
+
+    def _bind_input(self, ptr: int) -> None:
+        """Point the input tensor at `ptr` (a device batch, or this slot's own buffer again)."""
+        if ptr != self._input_ptr:
+            if not self.context.set_tensor_address(self._input.name, ptr):
+                raise BackendError(f"{self.plan}: cannot set the address of tensor {self._input.name!r}")
+            self._input_ptr = ptr
 
     def _set_input_shape(self, shape: Shape) -> None:
         if not self.context.set_input_shape(self._input.name, shape):
@@ -151,21 +160,34 @@ class ExecutionSlot:
     def admits(self, shape: Shape) -> bool:
         return any(_fits(shape, lo, hi) for _, lo, hi in self.profiles)
 
-    def run(self, batch: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
-        """One batch through this slot; returns the outputs (copies) and the device time in ms."""
+    def run(self, batch: np.ndarray | DeviceTensor) -> tuple[dict[str, np.ndarray], float]:
+        """One batch through this slot; returns the outputs (copies) and the device time in ms.
+
+        A DeviceTensor (GPU preprocessing) is read where it lies: the input tensor's address is set to it
+        for this batch and the stream waits for its producer, so the batch never passes through the host.
+        """
         assert self.stream is not None
         shape = tuple(batch.shape)
         index = next((p for p, lo, hi in self.profiles if _fits(shape, lo, hi)), None)
         if index is None:
             ranges = "; ".join(f"profile {p}: {list(lo)}..{list(hi)}" for p, lo, hi in self.profiles)
             raise BackendError(f"{self.plan}: input shape {list(shape)} is outside every profile ({ranges})")
+        inp, outs = self._buffers[0], self._buffers[1:]
+        if isinstance(batch, DeviceTensor) and batch.dtype != inp.spec.dtype:
+            raise BackendError(
+                f"{self.plan}: input {inp.spec.name!r} is {inp.spec.dtype}, the device batch {batch.dtype}"
+            )
         try:
             self._select(index)
             self._set_input_shape(shape)
-            inp, outs = self._buffers[0], self._buffers[1:]
-            host_in = inp.host.view(inp.spec.dtype, shape)
-            np.copyto(host_in, batch, casting="same_kind")
-            memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
+            if isinstance(batch, DeviceTensor):
+                self._bind_input(batch.ptr)
+                self.stream.wait(cast(Event, batch.ready))
+            else:
+                self._bind_input(inp.device.ptr)
+                host_in = inp.host.view(inp.spec.dtype, shape)
+                np.copyto(host_in, batch, casting="same_kind")
+                memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
             start, end = self._events
             start.record(self.stream)
             if not self.context.execute_async_v3(self.stream.handle):
@@ -246,16 +268,20 @@ class SlotPool:
     def admits(self, shape: Shape) -> bool:
         return self.slots[0].admits(shape)
 
-    def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def run(self, batch: np.ndarray | DeviceTensor) -> dict[str, np.ndarray]:
+        outputs, self.last_gpu_ms = self.run_timed(batch)
+        return outputs
+
+    def run_timed(self, batch: np.ndarray | DeviceTensor) -> tuple[dict[str, np.ndarray], float]:
+        """`run`, also returning this batch's device time (last_gpu_ms is any thread's latest)."""
         slot = self._free.get()
         if slot is None:  # closed: pass the word on to the next waiting caller
             self._free.put(None)
             raise BackendError(f"{self.plan}: execution slots used after close()")
         try:
-            outputs, self.last_gpu_ms = slot.run(batch)
+            return slot.run(batch)
         finally:
             self._free.put(slot)
-        return outputs
 
     def close(self, timeout: float = 10.0) -> None:
         """Wait for every slot to be free (no batch in flight), then free them in reverse order. A slot

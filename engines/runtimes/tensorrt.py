@@ -2,8 +2,10 @@
 
     backend = TensorRTBackend(store, "detector", check_result.key, contexts=2)
     backend.load()       # BackendError naming the plan: no GPU, corrupt, refused, out of memory
-    backend.infer(batch) # any thread; slots (engines.runtimes.slots) overlap on their own streams
+    backend.infer(batch) # any thread; slots (engines.runtimes.slots) overlap on their own streams;
+                         # batch: a host array or a DeviceTensor (GPU preprocessing, no host copy)
     backend.last_gpu_ms  # device time of the last batch (CUDA events)
+    backend.set_profiler(p); backend.layer_information()   # per-layer view (engines.runtimes.trt_layers)
 
 Written to the TensorRT docs (Runtime.deserialize_cuda_engine, the tensor IO API); TensorRT cannot run
 on this project's CI (no supported GPU). There the "no GPU" refusal, the logic around TensorRT
@@ -19,8 +21,9 @@ import numpy as np
 
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
-from engines.runtimes.base import Backend, BackendError, TensorSpec
+from engines.runtimes.base import Backend, BackendError, Batch, TensorSpec
 from engines.runtimes.slots import IoSpec, SlotPool
+from engines.runtimes.trt_layers import engine_information
 from engines.store import EngineStore
 from engines.trt_api import IoTensor, TrtApi, import_trt
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python
 
 class TensorRTBackend(Backend):
     name = "tensorrt"
+    accepts_device_input = True  # a DeviceTensor is bound as the input tensor (engines.runtimes.slots)
 
     def __init__(
         self,
@@ -69,6 +73,7 @@ class TensorRTBackend(Backend):
         except EngineError as e:
             raise BackendError(f"{self.name}: cannot load {self.plan_path}: {e}") from e
         self.name = api.flavor
+        self._api = api
         if not fp.has_gpu:
             # Deserialising needs a CUDA GPU for every flavour; say so instead of TensorRT's cudaError 35.
             raise BackendError(
@@ -111,6 +116,29 @@ class TensorRTBackend(Backend):
         self._engine = self._runtime = None
         self._io = []
 
+    @property
+    def trt_api(self) -> TrtApi:
+        """The TensorRT module the engine was loaded with."""
+        if self._api is None or self._engine is None:
+            raise BackendError(f"{self.name}: {self.plan_path} is not loaded; call load() first")
+        return self._api
+
+    def set_profiler(self, profiler: trt.IProfiler) -> None:
+        """Report per-layer times of every execution on every slot to `profiler` (IProfiler). Execution
+        becomes slower while one is attached: for `edge-agent profile`, never while serving."""
+        if self._pool is None:
+            raise BackendError(f"{self.name}: {self.plan_path} is not loaded; call load() first")
+        for slot in self._pool.slots:
+            context = slot.context
+            context.profiler = profiler
+
+    def layer_information(self) -> str | None:
+        """The engine inspector's JSON (layers as detailed as the build's profiling verbosity), with the
+        first slot's context so dynamic shapes are resolved; None before TensorRT 8.2."""
+        if self._pool is None or self._engine is None:
+            raise BackendError(f"{self.name}: {self.plan_path} is not loaded; call load() first")
+        return engine_information(self.trt_api, self._engine, self._pool.slots[0].context)
+
     def _require(self) -> list[IoTensor]:
         if not self._io:
             raise BackendError(f"{self.name}: {self.plan_path} is not loaded; call load() first")
@@ -144,8 +172,12 @@ class TensorRTBackend(Backend):
         assert inp.profile is not None
         return tuple(int(d) for d in inp.profile[0])
 
-    def _infer_impl(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    @property
+    def slots(self) -> int:
+        """Execution slots (contexts): batches that run at once, on their own streams."""
+        return len(self._pool.slots) if self._pool is not None else 1
+
+    def _infer_impl(self, batch: Batch) -> dict[str, np.ndarray]:
         assert self._pool is not None
-        outputs = self._pool.run(batch)
-        self.last_gpu_ms = self._pool.last_gpu_ms
+        outputs, self.last_gpu_ms = self._pool.run_timed(batch)
         return outputs

@@ -9,7 +9,7 @@ import numpy as np
 
 from pipelines.frames import Detections
 from pipelines.postprocess import nms
-from pipelines.preprocess import Letterbox, letterbox_nchw, unletterbox
+from pipelines.preprocess import Letterbox, Normalisation, letterbox_normalise, unletterbox
 
 # One image's decoded candidates before NMS: boxes (K, 4) x1y1x2y2 in network pixels, scores (K,),
 # class ids (K,).
@@ -37,12 +37,14 @@ class ModelAdapter(ABC):
             raise ValueError(f"num_classes must be positive, got {num_classes}")
         self.input_hw = input_hw
         self.num_classes = num_classes
+        # Folded once here, not per batch; GPU preprocessing reads the same values.
+        self.normalisation = Normalisation.of(
+            input_hw, self.mean, self.std, self.scale, self.swap_rb, self.pad_value
+        )
 
     def preprocess(self, images: list[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
         """Letterbox each BGR frame to the input size and pack them into one NCHW float32 batch."""
-        return letterbox_nchw(
-            images, self.input_hw, self.pad_value, self.mean, self.std, self.scale, self.swap_rb
-        )
+        return letterbox_normalise(images, self.normalisation)
 
     def postprocess(
         self,

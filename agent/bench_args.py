@@ -1,0 +1,129 @@
+"""The options of `edge-agent bench` (light: the CLI builds its parser without importing the bench).
+
+See agent/bench.py for what each section measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+SECTIONS = ("stages", "overhead", "sweep")
+
+
+@dataclass
+class BenchOptions:
+    out: Path = Path("bench-out")
+    model: Path = ASSETS / "nanodet-m-416.onnx"
+    labels: Path = ASSETS / "coco.names"
+    format: str = "nanodet"
+    clip: Path = ASSETS / "bikes.mp4"
+    frames: int = 200  # clip frames for the stages section
+    clip_frames: int = 48  # distinct frames the looped streams cycle through
+    threads: int = 0
+    sections: tuple[str, ...] = SECTIONS
+    engine: str = "sim"
+    engine_ms: float = 2.0
+    slots: int = 1
+    streams: list[int] = field(default_factory=lambda: [1, 4, 16])
+    batch: list[int] = field(default_factory=lambda: [1, 4, 8])
+    fps: float = 25.0
+    resolution: tuple[int, int] | None = None  # (w, h)
+    preprocess: str = "cpu"
+    decode: bool = False
+    rtsp: str | None = None
+    warmup_s: float = 2.0
+    duration_s: float = 10.0
+    iterations: int | None = None
+    max_age_ms: float = 500.0
+    window_s: float = 10.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench options (the CLI's `bench` subcommand and `python -m agent.bench`)."""
+    p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    p.add_argument("--model", type=Path, default=BenchOptions.model, help="ONNX model (default: bundled)")
+    p.add_argument("--format", default="nanodet", help="its output layout (nanodet, yolov8, ...)")
+    p.add_argument("--labels", type=Path, default=BenchOptions.labels)
+    p.add_argument("--clip", type=Path, default=BenchOptions.clip, help="video (default: bundled clip)")
+    p.add_argument("--frames", type=int, default=200, help="clip frames for the stages section")
+    p.add_argument("--clip-frames", type=int, default=48, help="distinct frames the looped streams replay")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--engine", choices=["sim", "ort"], default=None, help="sweep engine (default: sim)")
+    p.add_argument(
+        "--engine-ms",
+        type=float,
+        default=None,
+        help="simulated engine: ms per batch (default 2; implies sim)",
+    )
+    p.add_argument("--slots", type=int, default=1, help="simulated engine: batches in flight at once")
+    p.add_argument("--streams", default="1,4,16", help="stream counts to sweep, e.g. 1,4,16")
+    p.add_argument("--batch", default="1,4,8", help="max batch sizes to sweep, e.g. 1,4,8")
+    p.add_argument("--fps", type=float, default=25.0, help="frames per second per stream")
+    p.add_argument("--resolution", help="resize the clip's frames to WxH first, e.g. 1920x1080")
+    p.add_argument("--preprocess", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--decode", action="store_true", help="streams decode the clip (camera readers)")
+    p.add_argument(
+        "--rtsp", help="streams read this RTSP URL ('{i}' becomes 1..N), e.g. from tools/rtsp_server.py"
+    )
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before each measured window")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds each measured window lasts")
+    p.add_argument("--iterations", type=int, help="end each window after this many frames instead")
+    p.add_argument("--max-age-ms", type=float, default=500.0, help="drop frames older than this (0: never)")
+    p.add_argument("--window", type=float, default=10.0, help="timeline granularity, seconds")
+    p.add_argument("--log-level", default="warning")
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"--sections: unknown {unknown} (known: {', '.join(SECTIONS)})")
+    engine = args.engine or "sim"
+    if args.engine_ms is not None and engine != "sim":
+        raise ValueError("--engine-ms is for the simulated engine (--engine sim)")
+    if args.preprocess == "gpu" and engine != "sim":
+        raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
+    resolution = None
+    if args.resolution:
+        w, _, h = args.resolution.lower().partition("x")
+        resolution = (int(w), int(h))
+    return BenchOptions(
+        out=Path(args.out),
+        model=args.model,
+        labels=args.labels,
+        format=args.format,
+        clip=args.clip,
+        frames=args.frames,
+        clip_frames=args.clip_frames,
+        threads=args.threads,
+        sections=sections,
+        engine=engine,
+        engine_ms=2.0 if args.engine_ms is None else args.engine_ms,
+        slots=args.slots,
+        streams=_ints(args.streams, "--streams"),
+        batch=_ints(args.batch, "--batch"),
+        fps=args.fps,
+        resolution=resolution,
+        preprocess=args.preprocess,
+        decode=args.decode,
+        rtsp=args.rtsp,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        iterations=args.iterations,
+        max_age_ms=args.max_age_ms,
+        window_s=args.window,
+    )
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}: expected positive integers, got {text!r}")
+    return values

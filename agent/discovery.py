@@ -1,0 +1,283 @@
+"""Home Assistant MQTT discovery: retained entity configs that point HA at the agent's own topics.
+
+Pure functions, no MQTT client: the daemon publishes ``discovery_messages()`` retained (kind "state")
+at start and after every reload, and clears with an empty retained payload ``removed_topics()`` after
+a reload and ``stale_topics()`` (what the broker still holds under ``node_filter()``) at start.
+Nothing new goes on the wire for the data itself: every entity reads a topic the agent publishes
+anyway (camera state, detections) through a ``value_template``, so HA sees exactly what Node-RED sees.
+
+Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
+
+- ``binary_sensor`` streaming (connectivity): camera ``state`` == streaming; attributes from the same
+  payload (camera_state, fps_in, reconnects, last_error);
+- ``sensor`` fps: ``fps_out`` of the camera state (results per second), republished every telemetry
+  interval;
+- ``sensor`` latency (ms, duration): ``latency_ms.total`` of the detections, per camera. Telemetry only
+  has stage latencies over all cameras, so the detections are the only per-camera source; they arrive
+  once per frame, so this entity is disabled by default (enable it in HA if the recorder load is fine);
+- ``sensor`` <label> count: detections with that label in the latest frame, for the camera's
+  ``classes`` or, without them, ``homeassistant.count_labels``.
+
+Every entity is unavailable while the status topic says ``offline`` (graceful stop or the broker's last
+will after a crash), available for any other state (online, degraded, rebuilding: the agent runs).
+Validation rules are HA's, see tests/test_discovery.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.config import AgentConfig
+from agent.topics import Topics
+
+# HA's discovery topic matcher allows only these in node_id and object_id (mqtt/discovery.py).
+_TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
+# HA entity ids are lower-case letters, digits and single underscores (core.py VALID_ENTITY_ID).
+_ENTITY_UNSAFE = re.compile(r"[^a-z0-9]+")
+
+# Status -> availability. Only "offline" (graceful stop, or the broker's last will after kill -9) means
+# the agent is gone; degraded/rebuilding (and any state added later) mean it runs. A payload that is not
+# the status JSON renders '' and HA leaves availability as it was.
+AVAILABILITY_TEMPLATE = (
+    "{{ ('offline' if value_json.state == 'offline' else 'online')"
+    " if value_json is defined and value_json.state is defined else '' }}"
+)
+STREAMING_TEMPLATE = (
+    "{{ ('ON' if value_json.state == 'streaming' else 'OFF')"
+    " if value_json is defined and value_json.state is defined else '' }}"
+)
+# "state" is an attribute name HA blocks (MQTT_ATTRIBUTES_BLOCKED), hence camera_state.
+STREAMING_ATTRIBUTES_TEMPLATE = (
+    "{{ {'camera_state': value_json.state, 'fps_in': value_json.fps_in | default(none),"
+    " 'reconnects': value_json.reconnects | default(none),"
+    " 'last_error': value_json.last_error | default(none)} | tojson"
+    " if value_json is defined and value_json.state is defined else '{}' }}"
+)
+# 'None' is HA's PAYLOAD_NONE: the sensor becomes unknown instead of keeping a stale number.
+FPS_TEMPLATE = (
+    "{{ value_json.fps_out if value_json is defined and value_json.fps_out is number else 'None' }}"
+)
+LATENCY_TEMPLATE = (
+    "{{ value_json.latency_ms.total | round | int"
+    " if value_json is defined and value_json.latency_ms is mapping"
+    " and value_json.latency_ms.total is number else 'None' }}"
+)
+
+
+def count_template(label: str) -> str:
+    """Number of detections with ``label`` in one detections payload."""
+    # A JSON string is a valid Jinja string literal: Jinja unescapes \\, \" and \uXXXX the same way, so a
+    # label with quotes, backslashes or braces cannot break out of the literal.
+    literal = json.dumps(label, ensure_ascii=False)
+    return (
+        f"{{{{ value_json.detections | selectattr('label', 'equalto', {literal}) | list | length"
+        " if value_json is defined and value_json.detections is defined else 'None' }}"
+    )
+
+
+@dataclass(frozen=True)
+class _Entity:
+    component: str
+    camera: str
+    kind: str  # streaming | fps | latency | count
+    label: str | None
+    object_id: str
+
+
+def node_id(cfg: AgentConfig) -> str:
+    """The discovery node id: MQTT prefix + device id, reduced to the characters HA accepts.
+
+    Two agents whose prefix/device id differ only in characters replaced here ('.', '/') would share it;
+    device ids are host names, where that does not happen in practice.
+    """
+    return _TOPIC_UNSAFE.sub("_", f"{cfg.mqtt.prefix}_{cfg.device_id}")
+
+
+def _entity_slug(text: str) -> str:
+    return _ENTITY_UNSAFE.sub("_", text.lower()).strip("_")
+
+
+def _short_hash(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:6]
+
+
+def _labels(cfg: AgentConfig, classes: list[str] | None) -> list[str]:
+    # No `classes` means the camera reports every class; count the configured defaults then.
+    return list(dict.fromkeys(classes or cfg.homeassistant.count_labels))
+
+
+def _plan(cfg: AgentConfig) -> list[_Entity]:
+    """The entities of ``cfg`` with unique object ids (empty when discovery is disabled)."""
+    if not cfg.homeassistant.enabled:
+        return []
+    wanted: list[tuple[str, str, str, str | None, str]] = []
+    for camera, cam in cfg.cameras.items():
+        if not cam.enabled:
+            continue
+        cam_part = _TOPIC_UNSAFE.sub("_", camera)
+        wanted += [
+            ("binary_sensor", camera, "streaming", None, f"{cam_part}_streaming"),
+            ("sensor", camera, "fps", None, f"{cam_part}_fps"),
+            ("sensor", camera, "latency", None, f"{cam_part}_latency"),
+        ]
+        for label in _labels(cfg, cam.classes):
+            label_part = _TOPIC_UNSAFE.sub("_", label)
+            wanted.append(("sensor", camera, "count", label, f"{cam_part}_{label_part}_count"))
+    # Replacing characters can make two names meet ("a.b" and "a_b" cameras, "a"+"b_c" vs "a_b"+"c");
+    # those get a hash of what they stand for. Compared as HA entity ids (lower case), which are the
+    # stricter of the two: the default entity ids stay distinct as well as the topics.
+    seen: dict[str, int] = {}
+    for *_, object_id in wanted:
+        key = _entity_slug(object_id)
+        seen[key] = seen.get(key, 0) + 1
+    out = []
+    for component, camera, kind, label, object_id in wanted:
+        if seen[_entity_slug(object_id)] > 1:
+            object_id = f"{object_id}_{_short_hash(camera, kind, label or '')}"
+        out.append(_Entity(component, camera, kind, label, object_id))
+    return out
+
+
+def _config_topic(cfg: AgentConfig, entity: _Entity) -> str:
+    return f"{cfg.homeassistant.discovery_prefix}/{entity.component}/{node_id(cfg)}/{entity.object_id}/config"
+
+
+def config_topics(cfg: AgentConfig) -> list[str]:
+    """Every discovery config topic ``cfg`` publishes (none when discovery is disabled)."""
+    return [_config_topic(cfg, e) for e in _plan(cfg)]
+
+
+def _expire_after(cfg: AgentConfig, entity: _Entity) -> int:
+    """Seconds without a message after which HA shows the entity unavailable.
+
+    Availability already covers a dead agent; this covers a live one whose data stopped (a hung
+    pipeline, a camera that delivers nothing). The camera state is republished every telemetry
+    interval, so three intervals; detections come once per frame, so ten frame periods where `fps`
+    limits the camera. Never under 30 s, to ride out a broker reconnect without flapping.
+    """
+    if entity.kind in ("streaming", "fps"):
+        return max(30, math.ceil(3 * cfg.telemetry.interval_s))
+    fps = cfg.cameras[entity.camera].fps
+    return max(30, math.ceil(10 / fps)) if fps else 30
+
+
+def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: _Entity) -> dict[str, Any]:
+    cam = entity.camera
+    body: dict[str, Any] = {
+        "unique_id": f"{node}_{entity.object_id}",
+        # HA >= 2025.10 takes the suggested entity id from default_entity_id (object_id is deprecated
+        # there and ignored from 2026.4); older versions drop the unknown key and derive the same id
+        # from device name + entity name.
+        "default_entity_id": f"{entity.component}.{_entity_slug(f'{node}_{entity.object_id}')}",
+        "qos": 1,
+        "availability": [
+            {
+                "topic": topics.status,
+                "value_template": AVAILABILITY_TEMPLATE,
+                "payload_available": "online",
+                "payload_not_available": "offline",
+            }
+        ],
+        # One availability topic: availability_mode (latest/all/any) makes no difference, left default.
+        "device": {
+            "identifiers": [node],
+            "name": f"edge-agent {cfg.device_id}",
+            "manufacturer": "edge-agent",
+            "model": "edge-agent",
+            "sw_version": version,
+        },
+        "origin": {"name": "edge-agent", "sw_version": version},
+        "expire_after": _expire_after(cfg, entity),
+    }
+    if entity.kind == "streaming":
+        body |= {
+            "name": f"{cam} streaming",
+            "state_topic": topics.camera_state(cam),
+            "value_template": STREAMING_TEMPLATE,
+            "payload_on": "ON",
+            "payload_off": "OFF",
+            "device_class": "connectivity",
+            "entity_category": "diagnostic",
+            "json_attributes_topic": topics.camera_state(cam),
+            "json_attributes_template": STREAMING_ATTRIBUTES_TEMPLATE,
+        }
+    elif entity.kind == "fps":
+        body |= {
+            "name": f"{cam} fps",
+            "state_topic": topics.camera_state(cam),
+            "value_template": FPS_TEMPLATE,
+            "unit_of_measurement": "fps",
+            "state_class": "measurement",
+            "suggested_display_precision": 1,
+            "entity_category": "diagnostic",
+        }
+    elif entity.kind == "latency":
+        body |= {
+            "name": f"{cam} latency",
+            "state_topic": topics.detections(cam),
+            "value_template": LATENCY_TEMPLATE,
+            "device_class": "duration",
+            "unit_of_measurement": "ms",
+            "state_class": "measurement",
+            "suggested_display_precision": 0,
+            "entity_category": "diagnostic",
+            # One state per frame per camera would flood HA's recorder: opt-in.
+            "enabled_by_default": False,
+        }
+    else:
+        label = entity.label or ""  # always set for counts
+        body |= {
+            "name": f"{cam} {label} count",
+            "state_topic": topics.detections(cam),
+            "value_template": count_template(label),
+            "unit_of_measurement": "objects",
+            "state_class": "measurement",
+        }
+    return body
+
+
+def discovery_messages(cfg: AgentConfig, topics: Topics, version: str) -> dict[str, bytes]:
+    """Retained discovery configs ``{config topic: JSON}`` for ``cfg`` ({} when disabled).
+
+    ``topics`` must be the daemon's (``Topics(cfg.mqtt.prefix, cfg.device_id)``): the state, detections
+    and status topics the entities read. Publish each retained, QoS 1 (``kind="state"``).
+    """
+    node = node_id(cfg)
+    return {
+        _config_topic(cfg, e): json.dumps(
+            _payload(cfg, topics, version, node, e), separators=(",", ":"), ensure_ascii=False
+        ).encode()
+        for e in _plan(cfg)
+    }
+
+
+def node_filter(cfg: AgentConfig) -> str:
+    """Subscription filter matching every discovery config of this agent's node, for ``stale_topics``."""
+    return f"{cfg.homeassistant.discovery_prefix}/+/{node_id(cfg)}/+/config"
+
+
+def stale_topics(cfg: AgentConfig, retained: Iterable[str]) -> list[str]:
+    """Of the config topics found retained under ``node_filter(cfg)``, those ``cfg`` does not publish.
+
+    For start-up: a camera removed while the agent was stopped has no old config to diff against, but
+    its configs are still retained on the broker. Subscribe to ``node_filter(cfg)`` (retained messages
+    arrive right after the SUBACK), collect the topics with a non-empty payload, clear these.
+    """
+    keep = set(config_topics(cfg))
+    return sorted(t for t in retained if t not in keep)
+
+
+def removed_topics(old: AgentConfig, new: AgentConfig) -> list[str]:
+    """Config topics of ``old`` that ``new`` no longer publishes: clear each with an empty retained payload.
+
+    Covers removed or disabled cameras, changed classes/count labels, discovery disabled, and a changed
+    discovery prefix, MQTT prefix or device id (the node id changes, so every old config goes).
+    """
+    keep = set(config_topics(new))
+    return [t for t in config_topics(old) if t not in keep]

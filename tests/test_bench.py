@@ -1,0 +1,60 @@
+"""`edge-agent bench` end to end, kept short (CI must not run the long benchmark): the report's sections
+and fields, the plot, the summary, and the message when matplotlib is missing. Numbers are not checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures_agent import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["--warmup", "0.3", "--duration", "1.5", "--frames", "10", "--clip-frames", "16"]
+
+
+def test_sweep_and_overhead_report(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    args = ["bench", "--out", str(out), "--sections", "overhead,sweep", "--streams", "1,3", "--batch", "2"]
+    done = run_cli(*args, *SHORT, "--engine-ms", "3", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert set(report["overhead_ms"]) == {"640x272", "1920x1080"}
+    assert report["overhead_ms"]["640x272"]["per_frame"]["n"] > 0
+    assert report["engine"] == {"kind": "simulated", "ms_per_batch": 3.0, "slots": 1}
+    runs = report["runs"]
+    assert [(r["streams"], r["batch"]) for r in runs] == [(1, 2), (3, 2)]
+    for run in runs:
+        assert run["processed_fps"] > 0 and run["offered_fps"] > 0
+        assert {"p50", "p95", "p99"} <= set(run["latency_ms"])
+        assert {"queue", "preprocess", "infer", "postprocess", "publish", "total"} <= set(run["stages_ms"])
+        assert run["device_ms"]["p50"] == pytest.approx(3.0)  # the simulated engine's time per batch
+        assert run["timeline"] and "rss_mb" in run["timeline"][0]
+    assert (out / "bench.png").stat().st_size > 0
+    # The one-paragraph summary, then where the report is.
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("simulated engine 3 ms per batch") and "frame age p50" in lines[0]
+    assert lines[-1] == f"report: {out / 'bench.json'}, plot: {out / 'bench.png'}"
+
+
+def test_says_so_when_matplotlib_is_missing(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from agent.bench import main; "
+        f"sys.exit(main(['--out', {str(out)!r}, '--sections', 'overhead', *{SHORT!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "plot skipped: matplotlib is not installed" in done.stderr
+    assert (out / "bench.json").is_file() and not (out / "bench.png").exists()
+    assert done.stdout.strip().splitlines()[-1] == f"report: {out / 'bench.json'}"
+
+
+def test_bad_options_are_usage_errors() -> None:
+    done = run_cli("bench", "--engine", "ort", "--engine-ms", "2", timeout=60)
+    assert done.returncode == 2 and "--engine-ms is for the simulated engine" in done.stderr
+    done = run_cli("bench", "--streams", "0", timeout=60)
+    assert done.returncode == 2 and "--streams: expected positive integers" in done.stderr

@@ -1,0 +1,94 @@
+"""Home Assistant discovery from the real agent (subprocess) on mosquitto: configs at start, deleted when
+a camera goes on reload, and stale configs of a camera removed while the agent was stopped deleted at
+start."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from fixtures_agent import AgentProcess, bundled_model, wait
+from fixtures_mqtt import Broker, Subscriber
+
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "agent" / "assets"
+
+
+def config(tmp_path: Path, port: int, cameras: list[str]) -> Path:
+    cfg = {
+        "device_id": "ha-test",
+        "engine_dir": str(tmp_path / "engines"),
+        "models": {
+            "detector": bundled_model()
+        },
+        "cameras": {c: {"url": str(ASSETS / "bikes.mp4"), "model": "detector", "fps": 2} for c in cameras},
+        "mqtt": {"host": "127.0.0.1", "port": port, "keepalive": 5},
+        "homeassistant": {"enabled": True},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def retained_configs(port: int) -> dict[str, dict]:
+    """What a Home Assistant connecting now receives: retained, non-empty configs."""
+    import time
+
+    sub = Subscriber(port, "homeassistant/#")
+    try:
+        time.sleep(0.7)
+        return {t: json.loads(p) for t, p, r in sub.snapshot() if r and p}
+    finally:
+        sub.close()
+
+
+def test_agent_publishes_and_deletes_discovery_configs(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[..., AgentProcess],
+) -> None:
+    sub = mqtt_subscribe(mqtt_broker.port, "#")
+    path = config(tmp_path, mqtt_broker.port, ["gate", "yard"])
+    agent = start_agent(path)
+    wait(sub, lambda m: any("yard" in t and t.endswith("/config") for t, _, _ in m), 30, agent, "configs")
+    wait(sub, lambda m: any(t.endswith("/detections") for t, _, _ in m), 40, agent, "detections")
+    configs = retained_configs(mqtt_broker.port)
+    cams = {c["name"].split()[0] for c in configs.values()}
+    assert cams == {"gate", "yard"}, configs.keys()
+    status = "edge-agent/ha-test/status"
+    assert all(c["availability"][0]["topic"] == status for c in configs.values())
+
+    # Reload without yard: its entities are deleted.
+    path = config(tmp_path, mqtt_broker.port, ["gate"])
+    agent.proc.send_signal(signal.SIGHUP)
+    wait(
+        sub,
+        lambda m: any(t.startswith("homeassistant/") and "yard" in t and p == b"" for t, p, _ in m),
+        20,
+        agent,
+        "yard configs deleted",
+    )
+    configs = retained_configs(mqtt_broker.port)
+    assert configs and all("yard" not in t for t in configs)
+
+    # Stopped, then started with a config that lost gate too (a new camera instead): gate's configs,
+    # left retained from the previous run, are found and deleted at start.
+    agent.terminate(10)
+    config(tmp_path, mqtt_broker.port, ["door"])
+    agent2 = start_agent(path)
+    wait(
+        sub, lambda m: any("door" in t and t.endswith("/config") for t, _, _ in m), 30, agent2, "door configs"
+    )
+    wait(
+        sub,
+        lambda m: sum(1 for t, p, _ in m if "gate" in t and t.startswith("homeassistant/") and p == b"") >= 1,
+        20,
+        agent2,
+        "gate configs deleted at start",
+    )
+    configs = retained_configs(mqtt_broker.port)
+    assert configs and {c["name"].split()[0] for c in configs.values()} == {"door"}
