@@ -166,7 +166,11 @@ def _overhead_report(
 
 
 def _overhead(
-    replay: ReplayBackend, adapter: ModelAdapter, labels: list[str], images: list[np.ndarray], rounds: int = 10
+    replay: ReplayBackend,
+    adapter: ModelAdapter,
+    labels: list[str],
+    images: list[np.ndarray],
+    rounds: int = 10,
 ) -> dict[str, Any]:
     """One frame at a time through run_once (scheduler, preprocess, replayed infer, postprocess, payload)."""
     published = 0
