@@ -1,0 +1,543 @@
+"""Hardware decode: OpenCV demuxes encoded packets, NVDEC (PyNvVideoCodec) decodes them into device memory.
+
+    reason = nvdec_unavailable()                       # None: this host can use NVDEC at all
+    reader = NvdecReader(spec, slot, on_state=..., mode="auto")   # same contract as CameraReader
+
+Why OpenCV demuxes: PyNvVideoCodec's own RTSP demuxer has no timeouts and no transport option (it hung for
+9 minutes on a camera it could not read), while OpenCV's FFmpeg backend in packet mode (`CAP_PROP_FORMAT
+-1`) returns Annex-B packets with SPS/PPS before each IDR and keeps the reader's open/read timeouts. So the
+NVDEC reader is the CPU reader with packets instead of pictures: same states, backoff, `last_error`,
+latest-frame-wins slot, stall detection.
+
+Each decoded picture is copied (device to device, on the decoder's own stream) into memory the frame owns:
+NVDEC recycles its output surfaces after a few more packets, and a frame may wait in the slot or in the
+scheduler longer than that. The copy is NV12 (luma, then interleaved chroma at `uv_offset`), about 3 MB at
+1080p and a few microseconds. The frame carries an event recorded after the copy; consumers make their
+stream wait on it (no host synchronisation). The memory comes from the stream-ordered allocator and goes
+back to its pool when the frame is garbage; the stream outlives every frame that references it.
+
+`auto` falls back to the CPU reader when NVDEC cannot take the stream (no GPU, no driver libnvcuvid, no
+PyNvVideoCodec, a codec/size/chroma format the decoder caps refuse); the reason is logged once and shown in
+the camera's `decoder_reason`. `nvdec` named explicitly turns the same reasons into `failed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import cv2
+import numpy as np
+
+from engines.cuda_buffers import CudaError, Event, Stream, cuda_call, import_cudart
+from engines.errors import UnavailableError
+from pipelines.frames import Frame
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec, StateCallback
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'edge-agent[nvdec]'"
+# FFmpeg codec tags (CAP_PROP_FOURCC) -> PyNvVideoCodec codec names.
+_CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC"}
+# FFmpeg pixel formats as OpenCV reports them (CAP_PROP_CODEC_PIXEL_FORMAT fourcc) -> (chroma, bit depth).
+_PIXEL_FORMATS = {
+    "I420": ("420", 8),
+    "J420": ("420", 8),
+    "NV12": ("420", 8),
+    "YV12": ("420", 8),
+    "Y42B": ("422", 8),
+    "422P": ("422", 8),
+    "444P": ("444", 8),
+    "Y444": ("444", 8),
+}
+
+
+def _fourcc(value: float) -> str:
+    code = int(value) & 0xFFFFFFFF
+    return code.to_bytes(4, "little").decode("latin-1").strip("\x00 ")
+
+
+class NvdecUnavailable(Exception):
+    """NVDEC cannot decode this camera here; the message says what is missing (shown in camera state)."""
+
+
+# ---- what this host can do ----------------------------------------------------------------------------
+_host_lock = threading.Lock()
+_host_reason: list[str | None] = []  # memo: [] unknown, [None] usable, [reason]
+
+
+def import_nvc() -> ModuleType:
+    """PyNvVideoCodec, imported only when a camera decodes with NVDEC (an optional extra)."""
+    try:
+        return importlib.import_module("PyNvVideoCodec")
+    except ImportError as exc:
+        raise NvdecUnavailable(f"PyNvVideoCodec is not installed ({INSTALL_HINT}): {exc}") from None
+    except Exception as exc:  # its import probes the driver and can fail in other ways
+        raise NvdecUnavailable(f"PyNvVideoCodec failed to load: {type(exc).__name__}: {exc}") from None
+
+
+def nvdec_unavailable() -> str | None:
+    """None when NVDEC is usable on this host, else why not (checked once per process)."""
+    with _host_lock:
+        if not _host_reason:
+            _host_reason.append(_probe_host())
+        return _host_reason[0]
+
+
+def _probe_host() -> str | None:
+    try:
+        ctypes.CDLL("libnvcuvid.so.1")  # the driver's decode library; PyNvVideoCodec needs it at decode
+    except OSError:
+        return "the NVIDIA driver's libnvcuvid.so.1 is not installed (no GPU, or the driver lacks video)"
+    try:
+        rt = import_cudart()
+        count = cuda_call(rt, "cudaGetDeviceCount", rt.cudaGetDeviceCount())
+    except (UnavailableError, CudaError) as exc:
+        return f"no CUDA device: {exc}"
+    if not count:
+        return "no CUDA device"
+    try:
+        import_nvc()
+    except NvdecUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def stream_unsupported(
+    nvc: Any, codec: str, width: int, height: int, chroma: str, bit_depth: int, device: int = 0
+) -> str | None:
+    """None when NVDEC's caps accept this stream, else a reason naming codec, size and format."""
+    name = _CODECS.get(codec.lower())
+    what = f"{codec} {width}x{height} {chroma} {bit_depth}-bit"
+    if name is None:
+        return f"NVDEC path takes H.264 and H.265, not {codec or 'an unknown codec'} ({what})"
+    try:
+        caps = nvc.GetDecoderCaps(
+            gpuid=device,
+            codec=getattr(nvc.cudaVideoCodec, name),
+            chromaformat=nvc.cudaVideoChromaFormat.__members__[chroma],
+            bitdepth=bit_depth,
+        )
+    except Exception as exc:
+        return f"NVDEC caps query failed for {what}: {type(exc).__name__}: {exc}"
+    if not caps.get("supported"):
+        return f"this GPU's NVDEC does not decode {what}"
+    if not (
+        caps["width_min"] <= width <= caps["width_max"] and caps["height_min"] <= height <= caps["height_max"]
+    ):
+        return (
+            f"this GPU's NVDEC decodes {name} from {caps['width_min']}x{caps['height_min']} to "
+            f"{caps['width_max']}x{caps['height_max']}, not {width}x{height}"
+        )
+    return None
+
+
+# ---- a decoded frame on the device ------------------------------------------------------------------
+class _StreamHolder:
+    """Owns the decoder's CUDA stream; every frame references it, so it is destroyed after the last one."""
+
+    def __init__(self, cudart: ModuleType) -> None:
+        self.rt = cudart
+        self.stream = Stream(cudart)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free
+            self.stream.destroy()
+
+
+class DeviceNv12:
+    """One NV12 picture in device memory owned by its frame (`Frame.image` for NVDEC cameras).
+
+    `shape` is (h, w, 3) like a decoded BGR image, so code that only needs the size works unchanged;
+    `download()` gives the BGR host image for snapshots, calibration and the accuracy gate.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_holder",
+        "event",
+        "full_range",
+        "height",
+        "matrix",
+        "pitch",
+        "ptr",
+        "uv_offset",
+        "width",
+    )
+
+    def __init__(self, holder: _StreamHolder, width: int, height: int, matrix: str, full_range: bool) -> None:
+        self._holder = holder
+        self.width, self.height, self.pitch = width, height, width
+        self.uv_offset = width * height
+        self.matrix, self.full_range = matrix, full_range
+        rt = holder.rt
+        nbytes = width * height * 3 // 2
+        self.ptr = int(
+            cuda_call(rt, f"cudaMallocAsync({nbytes})", rt.cudaMallocAsync(nbytes, holder.stream.raw))
+        )
+        self.event = Event(rt, timing=False)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.height, self.width, 3)
+
+    @property
+    def stream(self) -> int:
+        """Handle of the stream that wrote the picture (wait on `event` rather than on this)."""
+        return self._holder.stream.handle
+
+    @property
+    def uv_ptr(self) -> int:
+        return self.ptr + self.uv_offset
+
+    def download(self) -> np.ndarray:
+        """BGR uint8 host copy (waits for the decode; OpenCV's NV12 conversion, BT.601 limited range)."""
+        rt = self._holder.rt
+        host = np.empty((self.height * 3 // 2, self.width), np.uint8)
+        self.event.synchronize()
+        cuda_call(
+            rt,
+            "cudaMemcpy(device -> host)",
+            rt.cudaMemcpy(host.ctypes.data, self.ptr, host.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost),
+        )
+        return cv2.cvtColor(host, cv2.COLOR_YUV2BGR_NV12)
+
+    def __del__(self) -> None:
+        try:
+            if self.ptr:
+                rt = self._holder.rt
+                rt.cudaFreeAsync(self.ptr, self._holder.stream.raw)
+                self.ptr = 0
+            self.event.destroy()
+        except Exception:
+            pass
+
+
+# ---- the decoder --------------------------------------------------------------------------------------
+@dataclass
+class DecodeStats:
+    packets: int = 0
+    frames: int = 0
+    errors: int = 0  # packets the decoder rejected (corrupt bitstream); decoding resumes at the next IDR
+    decode_s: float = 0.0  # host time inside Decode() (demux time is the reader's own)
+    reconfigures: int = 0  # new sessions for changed stream parameters (resolution changes)
+
+
+def _parameter_set(data: bytes, codec: str) -> bytes | None:
+    """The SPS NAL unit of an Annex-B packet (H.264 type 7, H.265 type 33), or None.
+
+    Walks start codes with bytes.find: a key frame holds a handful of NAL units, never a per-byte loop.
+    """
+    hevc = _CODECS.get(codec.lower()) == "HEVC"
+    start = data.find(b"\x00\x00\x01")
+    while start >= 0:
+        begin = start + 3
+        end = data.find(b"\x00\x00\x01", begin)
+        if begin < len(data):
+            kind = (data[begin] >> 1) & 0x3F if hevc else data[begin] & 0x1F
+            if kind == (33 if hevc else 7):
+                return data[begin : end if end >= 0 else len(data)].rstrip(b"\x00")
+        start = end
+    return None
+
+
+class NvdecDecoder:
+    """One NVDEC session on its own stream; `decode(packet)` -> owned DeviceNv12 pictures, in order."""
+
+    def __init__(
+        self, codec: str, *, device: int = 0, matrix: str = "bt601", full_range: bool = False, nvc: Any = None
+    ) -> None:
+        self._nvc = nvc or import_nvc()
+        self._rt = import_cudart()
+        cuda_call(self._rt, "cudaSetDevice", self._rt.cudaSetDevice(device))
+        self._holder = _StreamHolder(self._rt)
+        self.codec, self.device = codec, device
+        self.matrix, self.full_range = matrix, full_range
+        self.stats = DecodeStats()
+        self._ctx = _primary_context(device)
+        self._dec: Any = None
+        self._sps: bytes | None = None  # the sequence parameter set the session was made for
+        self._create()
+        self._skip_to_idr = False
+
+    def _create(self) -> None:
+        nvc = self._nvc
+        self._dec = nvc.CreateDecoder(
+            gpuid=self.device,
+            codec=getattr(nvc.cudaVideoCodec, _CODECS[self.codec.lower()]),
+            cudacontext=self._ctx,
+            cudastream=self._holder.stream.handle,
+            usedevicememory=True,
+            # LOW: a picture leaves with the packet that completes it (NATIVE holds 4 back: 160 ms at 25 fps).
+            latency=nvc.DisplayDecodeLatencyType.LOW,
+        )
+
+    def _new_sequence(self, data: np.ndarray) -> list[DeviceNv12]:
+        """A key frame with different parameters (size, profile): drain the session, then start a new one.
+
+        A session is sized for its first sequence and rejects larger pictures (measured: a 640x272 session
+        threw on 1080p IDRs), so a changed SPS gets a session of its own; the old one's pictures come first.
+        """
+        sps = _parameter_set(data.tobytes(), self.codec)
+        if sps is None or sps == self._sps:
+            return []
+        first, self._sps = self._sps is None, sps
+        if first:
+            return []
+        drained = self.flush()
+        self._dec = None
+        self._create()
+        self.stats.reconfigures += 1
+        log.info("NVDEC: new stream parameters, decoder session recreated")
+        return drained
+
+    def decode(self, packet: np.ndarray, keyframe: bool) -> list[DeviceNv12]:
+        """Decode one Annex-B packet; a corrupt one is counted and skipped up to the next key frame."""
+        self.stats.packets += 1
+        if self._skip_to_idr and not keyframe:
+            return []
+        data = np.ascontiguousarray(packet.reshape(-1))
+        drained = self._new_sequence(data) if keyframe else []
+        pkt = self._nvc.PacketData()
+        pkt.bsl_data = data.ctypes.data
+        pkt.bsl = data.size
+        t0 = time.perf_counter()
+        try:
+            pictures = self._dec.Decode(pkt)
+        except Exception as exc:
+            self.stats.errors += 1
+            self._skip_to_idr = True
+            if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
+                log.warning(
+                    "NVDEC rejected packet %d (%s); resuming at the next key frame (%d errors)",
+                    self.stats.packets,
+                    type(exc).__name__,
+                    self.stats.errors,
+                )
+            return drained
+        finally:
+            self.stats.decode_s += time.perf_counter() - t0
+        self._skip_to_idr = False
+        out = drained + [self._own(p) for p in pictures]
+        self.stats.frames += len(out)
+        return out
+
+    def _own(self, picture: Any) -> DeviceNv12:
+        luma, chroma = picture.cuda()[:2]
+        y, uv = luma.__cuda_array_interface__, chroma.__cuda_array_interface__
+        h, w = int(y["shape"][0]), int(y["shape"][1])
+        y_pitch = int((y.get("strides") or (w,))[0])
+        uv_pitch = int((uv.get("strides") or (w,))[0])
+        frame = DeviceNv12(self._holder, w, h, self.matrix, self.full_range)
+        rt, stream = self._rt, self._holder.stream.raw
+        d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        # Both copies are queued on the decoder's stream, behind the decode that wrote the surface.
+        cuda_call(
+            rt,
+            "cudaMemcpy2DAsync(luma)",
+            rt.cudaMemcpy2DAsync(frame.ptr, w, int(y["data"][0]), y_pitch, w, h, d2d, stream),
+        )
+        cuda_call(
+            rt,
+            "cudaMemcpy2DAsync(chroma)",
+            rt.cudaMemcpy2DAsync(frame.uv_ptr, w, int(uv["data"][0]), uv_pitch, w, h // 2, d2d, stream),
+        )
+        frame.event.record(self._holder.stream)
+        return frame
+
+    def flush(self) -> list[DeviceNv12]:
+        """Pictures still inside the decoder (end of a file)."""
+        pkt = self._nvc.PacketData()
+        pkt.bsl, pkt.bsl_data = 0, 0
+        try:
+            return [self._own(p) for p in self._dec.Decode(pkt)]
+        except Exception:
+            return []
+
+    def close(self) -> None:
+        """Wait for queued copies, then destroy the session (frames still alive keep the stream)."""
+        if self._dec is None:
+            return
+        try:
+            self._holder.stream.synchronize()
+        finally:
+            self._dec = None  # PyNvVideoCodec destroys the session with the object
+
+
+def _primary_context(device: int) -> int:
+    """The device's primary context (what the runtime API uses), as PyNvVideoCodec wants it."""
+    drv = importlib.import_module("cuda.bindings.driver")
+    cuda_call(drv, "cuInit", drv.cuInit(0))
+    dev = cuda_call(drv, "cuDeviceGet", drv.cuDeviceGet(device))
+    ctx = cuda_call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+    return int(ctx)
+
+
+# ---- the reader ---------------------------------------------------------------------------------------
+class NvdecReader(CameraReader):
+    """CameraReader whose frames are NVDEC pictures in device memory (`DeviceNv12`).
+
+    mode "auto": any reason NVDEC cannot take the stream switches this camera to CPU decoding (logged once,
+    `decoder_reason`); mode "nvdec": the reason fails the camera, naming codec and what is missing.
+    """
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        slot: FrameSlot | None = None,
+        on_state: StateCallback | None = None,
+        *,
+        mode: str = "auto",
+        device: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(spec, slot, on_state, **kwargs)
+        if mode not in ("auto", "nvdec"):
+            raise ValueError(f"camera {spec.camera!r}: NvdecReader mode must be auto or nvdec, not {mode!r}")
+        self.mode, self.device = mode, device
+        self.decoder = "nvdec"  # what decodes now: nvdec, or cpu after an auto fallback
+        self.decoder_reason: str | None = None
+        self.decode_stats = DecodeStats()  # summed over sessions
+        self.sessions_open = 0  # live NVDEC sessions (0 or 1): reconnects must not leak them
+        self._failed: str | None = None
+        if self._target.kind not in ("rtsp", "stream", "file"):
+            why = f"NVDEC takes FFmpeg sources (RTSP, files), not {self._target.kind}"
+            if mode == "nvdec":
+                raise NvdecUnavailable(f"camera {spec.camera!r}: decoder nvdec: {why}")
+            self._fall_back(why)
+
+    def stats(self) -> dict[str, object]:
+        out = super().stats()
+        out.update(
+            decoder=self.decoder, decoder_reason=self.decoder_reason, decode_errors=self.decode_stats.errors
+        )
+        return out
+
+    def _fall_back(self, reason: str) -> None:
+        if self.decoder != "cpu":
+            log.warning("camera %s: decoding on the CPU: %s", self.spec.camera, reason)
+        self.decoder, self.decoder_reason = "cpu", reason
+
+    def _fail(self, reason: str) -> tuple[int, str]:
+        """End the reader in state failed (run() reports it): retrying cannot help."""
+        self._failed = self._scrub(reason)
+        self._stopping.set()
+        return 0, self._failed
+
+    def _open_params(self) -> list[int]:
+        params = super()._open_params()
+        if self.decoder == "nvdec" and self._target.api == cv2.CAP_FFMPEG:
+            params += [cv2.CAP_PROP_FORMAT, -1]  # packets, not pictures
+        return params
+
+    def _stream(self, cap: cv2.VideoCapture) -> tuple[int, str]:
+        if self.decoder == "cpu":
+            return super()._stream(cap)
+        codec = _fourcc(cap.get(cv2.CAP_PROP_FOURCC))
+        w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        chroma, depth = _PIXEL_FORMATS.get(_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)), ("420", 8))
+        try:
+            nvc = import_nvc()
+            why = stream_unsupported(nvc, codec, w, h, chroma, depth, self.device)
+        except NvdecUnavailable as exc:
+            why = str(exc)
+        if why is not None:
+            if self.mode == "nvdec":
+                return self._fail(f"decoder nvdec: {why}")
+            self._fall_back(self._scrub(why))
+            cap.release()  # reopen as pictures at once: no backoff, no reconnecting state for a fallback
+            cpu_cap, error = self._open()
+            if cpu_cap is None:
+                return 0, error
+            try:
+                return super()._stream(cpu_cap)
+            finally:
+                cpu_cap.release()
+        try:
+            decoder = NvdecDecoder(codec, device=self.device, nvc=nvc)
+        except Exception as exc:  # out of device memory, too many sessions: other cameras keep streaming
+            return self._fail(
+                f"NVDEC session for {codec} {w}x{h} could not be created: {type(exc).__name__}: {exc}"
+            )
+        self.sessions_open += 1
+        try:
+            return self._stream_packets(cap, decoder)
+        finally:
+            decoder.close()
+            self.sessions_open -= 1
+            s = decoder.stats
+            self.decode_stats.packets += s.packets
+            self.decode_stats.frames += s.frames
+            self.decode_stats.errors += s.errors
+            self.decode_stats.decode_s += s.decode_s
+
+    def _stream_packets(self, cap: cv2.VideoCapture, decoder: NvdecDecoder) -> tuple[int, str]:
+        spec = self.spec
+        is_file = self._target.kind == "file"
+        pace = 0.0
+        if is_file and spec.realtime:
+            native = cap.get(cv2.CAP_PROP_FPS)
+            if 0 < native <= 1000:
+                pace = 1.0 / native
+        limit = 1.0 / spec.fps if spec.fps else 0.0
+        next_pace, next_emit = time.monotonic(), None
+        delivered = 0
+        while not self._stopping.is_set():
+            if pace:
+                delay = next_pace - time.monotonic()
+                if delay > 0 and self._stopping.wait(delay):
+                    break
+                next_pace = max(next_pace + pace, time.monotonic() - pace)
+            t0 = time.monotonic()
+            try:
+                ok, packet = cap.read()
+            except cv2.error as exc:
+                return delivered, self._scrub(f"read error on {self.display}: {exc}")
+            t1 = time.monotonic()
+            if not ok or packet is None:
+                if is_file and spec.loop and delivered:
+                    decoder.flush()
+                    if not cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
+                        cap.open(self._target.target, self._target.api, self._open_params())
+                    continue
+                if is_file:
+                    return delivered, self._scrub(
+                        f"{'end of file' if delivered else 'cannot read'}: {self.display}"
+                    )
+                if t1 - t0 >= spec.read_timeout_s:
+                    return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
+                return delivered, self._scrub(f"stream ended or read failed: {self.display}")
+            if not is_file and t1 - t0 >= spec.read_timeout_s:
+                return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
+            keyframe = bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))
+            for picture in decoder.decode(packet, keyframe):
+                self.frames_read += 1
+                if limit:
+                    now = time.monotonic()
+                    if next_emit is not None and now < next_emit:
+                        continue  # decoded (later pictures need it) but not delivered
+                    next_emit = (
+                        now + limit if next_emit is None or now - next_emit > limit else next_emit + limit
+                    )
+                frame = Frame(spec.camera, self._next_id, picture, time.time())  # type: ignore[arg-type]
+                frame.stamp("captured")
+                self._next_id += 1
+                self.frames_in += 1
+                delivered += 1
+                if delivered == 1:
+                    self._set_state("streaming", None)
+                self.slot.put(frame)
+        return delivered, "stopped"
+
+    def run(self) -> None:
+        super().run()
+        if self._failed is not None:
+            self.last_error = self._failed
+            self._set_state("failed", self._failed)

@@ -1,0 +1,213 @@
+"""NVDEC decoding (pipelines.nvdec) on a real GPU: bit-exact luma, the reader contract, bad input.
+
+Marked gpu (CI has no GPU); on the GPU box, with PyNvVideoCodec installed (the `[nvdec]` extra):
+    PYTHONPATH=.:tests python3 -m pytest --noconftest -o addopts= -m gpu tests/test_nvdec_gpu.py
+
+Ground truth: tools/h264_pcm.py writes lossless (I_PCM) H.264, so the decoder must return exactly the
+luma that was written; for the bundled (lossy) clip the CPU decoder's luma is the reference. H.264
+decoding is bit-exact by specification, so both comparisons are exact.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from pipelines.sources import FrameSlot, SourceSpec
+from tools.h264_pcm import encode_pcm, expected_planes
+
+pytestmark = pytest.mark.gpu
+CLIP = Path(__file__).resolve().parents[1] / "agent" / "assets" / "bikes.mp4"
+
+
+@pytest.fixture(scope="module")
+def nvc():  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import import_nvc, nvdec_unavailable
+
+    why = nvdec_unavailable()
+    if why:
+        pytest.skip(why)
+    return import_nvc()
+
+
+def _clip(count: int, size: tuple[int, int] | None = None) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(str(CLIP))
+    frames = []
+    while len(frames) < count:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(cv2.resize(frame, size) if size else frame)
+    cap.release()
+    return frames
+
+
+def _luma(picture) -> np.ndarray:  # type: ignore[no-untyped-def]
+    host = np.empty((picture.height * 3 // 2, picture.width), np.uint8)
+    import cupy as cp
+
+    picture.event.synchronize()
+    mem = cp.cuda.UnownedMemory(picture.ptr, host.nbytes, picture)
+    cp.cuda.MemoryPointer(mem, 0).copy_to_host(host.ctypes.data, host.nbytes)
+    return host[: picture.height]
+
+
+def _decode_file(path: Path) -> tuple[list[np.ndarray], object]:
+    from pipelines.nvdec import NvdecDecoder
+
+    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    dec = NvdecDecoder("h264")
+    out = []
+    try:
+        while True:
+            ok, packet = cap.read()
+            if not ok:
+                break
+            key = bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))
+            out += [_luma(p) for p in dec.decode(packet, key)]
+        out += [_luma(p) for p in dec.flush()]
+    finally:
+        cap.release()
+        dec.close()
+    return out, dec.stats
+
+
+@pytest.mark.parametrize("size", [(640, 272), (1920, 1080), (1282, 722)])
+def test_nvdec_luma_is_the_written_luma(nvc, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    frames = _clip(12, size)
+    path = tmp_path / "pcm.h264"
+    path.write_bytes(encode_pcm(frames))
+    lumas, stats = _decode_file(path)
+    assert len(lumas) == len(frames), stats
+    for i, (frame, luma) in enumerate(zip(frames, lumas, strict=True)):
+        expected = expected_planes(frame)[0]
+        assert luma.shape == expected.shape
+        assert np.array_equal(luma, expected), (
+            f"frame {i}: {np.count_nonzero(luma != expected)} samples differ"
+        )
+
+
+def test_resolution_change_mid_stream_reconfigures(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    small, big = _clip(4), _clip(4, (1920, 1080))
+    frames = small + big + small
+    path = tmp_path / "mixed.h264"
+    path.write_bytes(encode_pcm(frames))
+    lumas, _ = _decode_file(path)
+    assert [luma.shape for luma in lumas] == [f.shape[:2] for f in frames]
+    assert all(np.array_equal(luma, expected_planes(f)[0]) for luma, f in zip(lumas, frames, strict=True))
+
+
+def test_bundled_clip_luma_equals_the_cpu_decoder(nvc) -> None:  # type: ignore[no-untyped-def]
+    lumas, stats = _decode_file(CLIP)
+    ref = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG)
+    assert ref.set(cv2.CAP_PROP_CONVERT_RGB, 0)
+    cpu = []
+    while True:
+        ok, plane = ref.read()
+        if not ok:
+            break
+        cpu.append(plane)
+    assert len(lumas) == len(cpu) > 200, stats
+    equal = sum(np.array_equal(a, b) for a, b in zip(lumas, cpu, strict=True))
+    assert equal == len(cpu)
+
+
+def test_corrupt_packets_are_counted_and_decoding_resumes(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import NvdecDecoder
+
+    frames = _clip(40)
+    path = tmp_path / "pcm.h264"
+    path.write_bytes(encode_pcm(frames))
+    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    dec = NvdecDecoder("h264")
+    rng = np.random.default_rng(3)
+    good = []
+    for i in range(len(frames)):
+        ok, packet = cap.read()
+        assert ok
+        if 10 <= i < 14:
+            packet = rng.integers(0, 256, 4000, dtype=np.uint8)  # garbage instead of four frames
+        for p in dec.decode(packet, bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))):
+            good.append(_luma(p))
+    good += [_luma(p) for p in dec.flush()]
+    dec.close()
+    tail = [expected_planes(f)[0] for f in frames[14:]]
+    # Every frame after the garbage decodes exactly (each is an IDR); the garbage cost at most its own four.
+    assert len(good) >= len(frames) - 4
+    assert all(np.array_equal(a, b) for a, b in zip(good[-len(tail) :], tail, strict=True))
+
+
+def _device_free() -> int:
+    from engines.cuda_buffers import cuda_call, import_cudart
+
+    rt = import_cudart()
+    free, _total = cuda_call(rt, "cudaMemGetInfo", rt.cudaMemGetInfo())
+    return int(free)
+
+
+def test_reader_delivers_device_frames_and_reconnects_without_leaks(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import DeviceNv12, NvdecReader
+
+    path = tmp_path / "short.h264"
+    path.write_bytes(encode_pcm(_clip(5, (1920, 1080))))
+    spec = SourceSpec(camera="c", url=str(path), realtime=False, backoff_initial_s=0.01, backoff_max_s=0.02)
+    slot = FrameSlot()
+    reader = NvdecReader(spec, slot, mode="nvdec")
+    frame = None
+    reader.start()
+    try:
+        frame = slot.get(timeout=20)
+        assert frame is not None and isinstance(frame.image, DeviceNv12)
+        assert frame.image.shape == (1080, 1920, 3)
+        bgr = frame.image.download()
+        ref = cv2.cvtColor(
+            cv2.cvtColor(_clip(1, (1920, 1080))[0], cv2.COLOR_BGR2YUV_I420), cv2.COLOR_YUV2BGR_I420
+        )
+        assert np.abs(bgr.astype(int) - ref.astype(int)).mean() < 2.0  # same picture (chroma rounding aside)
+        assert reader.decoder == "nvdec"
+        baseline = None
+        deadline = time.monotonic() + 120
+        while reader.reconnects < 60 and time.monotonic() < deadline:  # end of file -> reopen: a reconnect
+            slot.get(timeout=0.05)
+            if reader.reconnects >= 10 and baseline is None:
+                gc.collect()
+                baseline = _device_free()
+        assert reader.reconnects >= 60, reader.stats()
+    finally:
+        reader.stop()
+    del frame
+    gc.collect()
+    assert reader.sessions_open == 0
+    assert baseline is not None
+    # 50 more sessions came and went: device memory within 64 MB of where it was after 10.
+    assert abs(_device_free() - baseline) < 64 << 20
+
+
+def test_unsupported_codec_auto_falls_back_and_nvdec_fails_naming_it(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import NvdecReader
+
+    path = tmp_path / "mjpeg.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 25, (320, 240))
+    for frame in _clip(10, (320, 240)):
+        writer.write(frame)
+    writer.release()
+    spec = SourceSpec(camera="m", url=str(path), realtime=False, loop=True)
+    auto = NvdecReader(spec, FrameSlot(), mode="auto")
+    auto.start()
+    try:
+        frame = auto.slot.get(timeout=20)
+        assert frame is not None and isinstance(frame.image, np.ndarray)  # CPU-decoded picture
+        assert auto.decoder == "cpu" and "mjpg" in (auto.decoder_reason or "").lower()
+    finally:
+        auto.stop()
+    states: list[tuple[str, str | None]] = []
+    strict = NvdecReader(spec, FrameSlot(), lambda c, s, r: states.append((s, r)), mode="nvdec")
+    strict.start()
+    strict.join(20)
+    assert states[-1][0] == "failed"
+    assert "nvdec" in (states[-1][1] or "") and "mjpg" in (states[-1][1] or "").lower()
