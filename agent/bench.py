@@ -325,7 +325,7 @@ def _sources(opts: BenchOptions, images: list[np.ndarray]) -> Any:
                 specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(i + 1)), fps=opts.fps))
             else:
                 specs.append(SourceSpec(camera=cam, url=str(opts.clip), fps=opts.fps, loop=True))
-        return Readers(specs, [s for _, s in slots])
+        return Readers(specs, [s for _, s in slots], opts.decoder)
 
     return make
 
@@ -367,6 +367,8 @@ def summary(report: dict[str, Any]) -> str:
         )
         opts = report["options"]
         src = "RTSP" if opts["rtsp"] else ("decoded by camera readers" if opts["decode"] else "decoded once")
+        if opts["decode"] or opts["rtsp"]:
+            src += f", {opts.get('decoder', 'cpu').upper()} decoding"
         parts.append(
             f"{what}, {report['clip']} at {report['resolution']} ({src}) at {opts['fps']:g} fps per stream, "
             f"{opts['preprocess'].upper()} preprocessing, max age {opts['max_age_ms']:g} ms."

@@ -33,6 +33,7 @@ class BenchOptions:
     resolution: tuple[int, int] | None = None  # (w, h)
     preprocess: str = "cpu"
     decode: bool = False
+    decoder: str = "cpu"  # camera readers' decoder: cpu (FFmpeg) or nvdec (PyNvVideoCodec)
     rtsp: str | None = None
     warmup_s: float = 2.0
     duration_s: float = 10.0
@@ -66,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", help="resize the clip's frames to WxH first, e.g. 1920x1080")
     p.add_argument("--preprocess", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--decode", action="store_true", help="streams decode the clip (camera readers)")
+    p.add_argument(
+        "--decoder",
+        choices=["cpu", "nvdec"],
+        default="cpu",
+        help="camera readers decode with FFmpeg on the CPU or with NVDEC (implies --decode)",
+    )
     p.add_argument(
         "--rtsp", help="streams read this RTSP URL ('{i}' becomes 1..N), e.g. from tools/rtsp_server.py"
     )
@@ -109,7 +116,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         fps=args.fps,
         resolution=resolution,
         preprocess=args.preprocess,
-        decode=args.decode,
+        decode=args.decode or args.decoder != "cpu",
+        decoder=args.decoder,
         rtsp=args.rtsp,
         warmup_s=args.warmup,
         duration_s=args.duration,

@@ -87,10 +87,25 @@ class LoopedClip:
 
 
 class Readers:
-    """N camera readers (FFmpeg decode of a looped file, or RTSP), as the daemon runs them."""
+    """N camera readers (FFmpeg or NVDEC decode of a looped file, or RTSP), as the daemon runs them."""
 
-    def __init__(self, specs: list[SourceSpec], slots: list[FrameSlot]) -> None:
-        self._readers = [CameraReader(s, slot) for s, slot in zip(specs, slots, strict=True)]
+    def __init__(self, specs: list[SourceSpec], slots: list[FrameSlot], decoder: str = "cpu") -> None:
+        from pipelines.nvdec import open_reader
+
+        self.decoder = decoder
+        self._readers: list[CameraReader] = [
+            open_reader(s, slot, None, decoder=decoder) for s, slot in zip(specs, slots, strict=True)
+        ]
+
+    def decode_stats(self) -> dict[str, float]:
+        """NVDEC sessions' totals: packets, pictures, errors, host seconds inside Decode()."""
+        out = {"packets": 0.0, "frames": 0.0, "errors": 0.0, "decode_s": 0.0}
+        for r in self._readers:
+            stats = getattr(r, "decode_stats", None)
+            if stats is not None:
+                for k in out:
+                    out[k] += float(getattr(stats, k))
+        return out
 
     def start(self) -> None:
         for r in self._readers:
@@ -205,6 +220,7 @@ def measure(
         )
         dropped0 = sum(r.slot.dropped for r in routes)
         stale0 = worker.stale
+        dec0 = sources.decode_stats() if isinstance(sources, Readers) else None
         cpu0 = proc.cpu_times()
         t0 = time.monotonic()
         measuring.set()
@@ -220,6 +236,7 @@ def measure(
         dropped = sum(r.slot.dropped for r in routes) - dropped0
         stale = worker.stale - stale0
         busy = getattr(backend, "busy_s", 0.0) - busy0
+        decode = _decode_window(sources, dec0, elapsed)
     finally:
         sources.stop()
         worker.stop(timeout=10)
@@ -246,8 +263,27 @@ def measure(
         "engine_busy": round(busy / (elapsed * backend.slots), 3) if busy else None,
         "cpu_ms_per_frame": round(cpu_s * 1000.0 / frames, 3) if frames else None,
         "cpu_percent": round(100.0 * cpu_s / elapsed, 1),
+        "decode": decode,
         "timeline": timeline,
     }
+
+
+def _decode_window(sources: LoopedClip | Readers, before: dict[str, float] | None, elapsed: float) -> Any:
+    """Decoder, decode fps and host ms per decoded picture (NVDEC: time inside Decode()) in the window."""
+    if not isinstance(sources, Readers) or before is None:
+        return None
+    after = sources.decode_stats()
+    frames = after["frames"] - before["frames"]
+    out: dict[str, Any] = {"decoder": sources.decoder}
+    if sources.decoder == "nvdec":
+        out.update(
+            decode_fps=round(frames / elapsed, 1),
+            decode_call_ms=round(1000.0 * (after["decode_s"] - before["decode_s"]) / frames, 3)
+            if frames
+            else None,
+            errors=int(after["errors"] - before["errors"]),
+        )
+    return out
 
 
 def _watch(

@@ -142,11 +142,16 @@ class CameraConfig(_Strict):
     open_timeout_s: float = Field(5.0, gt=0, le=3600)
     read_timeout_s: float = Field(2.0, gt=0, le=3600)
     snapshot: SnapshotConfig = SnapshotConfig()
+    # auto: NVDEC where the host, the stream's codec and its size allow it, else the CPU (reason logged).
+    decoder: Literal["auto", "cpu", "nvdec"] = "auto"
 
     @model_validator(mode="after")
     def _one_source(self) -> CameraConfig:
         if (self.url is None) == (self.pipeline is None):
             raise ValueError("give exactly one of 'url' or 'pipeline'")
+        if self.decoder == "nvdec" and self.pipeline is not None:
+            # A GStreamer pipeline decodes itself (Jetson: nvv4l2decoder); NVDEC here needs FFmpeg packets.
+            raise ValueError("decoder 'nvdec' needs 'url' (a GStreamer 'pipeline' does its own decoding)")
         return self
 
     @property

@@ -35,8 +35,9 @@ from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, 
 from agent.topics import Topics, payload
 from engines.errors import EngineError
 from engines.runtimes.base import Backend
-from pipelines.frames import stage_latencies_ms
+from pipelines.frames import host_image, stage_latencies_ms
 from pipelines.models import check_outputs, make_adapter, probe_input
+from pipelines.nvdec import open_reader
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
 from pipelines.sources import CameraReader, SourceSpec
@@ -259,7 +260,7 @@ class Agent:
             open_timeout_s=cam.open_timeout_s,
             read_timeout_s=cam.read_timeout_s,
         )
-        reader = CameraReader(spec, slot, on_state=self._on_camera_state)
+        reader = open_reader(spec, slot, self._on_camera_state, decoder=cam.decoder)
         self.cameras[name] = CameraRuntime(name, cam, reader)
         worker.add_camera(CameraRoute(name, slot, mask, cam.min_score))
 
@@ -311,6 +312,8 @@ class Agent:
             fps_out=round(cam.fps_out.rate(), 2),
             reconnects=cam.reader.reconnects,
             last_error=cam.reader.last_error,
+            decoder=cam.reader.decoder,
+            decoder_reason=cam.reader.decoder_reason,
         )
         self.mqtt.publish(self.topics.camera_state(cam.name), body, qos=1, retain=True, kind="state")
 
@@ -370,7 +373,9 @@ class Agent:
     def _publish_snapshot(self, result: Result) -> int:
         cam = self.cameras.get(result.frame.camera)
         quality = cam.cfg.snapshot.quality if cam is not None else 80
-        image = snapshot.annotate(result.frame.image, result.detections, self.labels.get(result.model, []))
+        image = snapshot.annotate(
+            host_image(result.frame.image), result.detections, self.labels.get(result.model, [])
+        )
         data = snapshot.jpeg(image, quality)
         if self.mqtt is not None and self.mqtt.connected:  # never queued offline: JPEGs would fill memory
             self.mqtt.publish(self.topics.snapshot(result.frame.camera), data, qos=0, kind="event")

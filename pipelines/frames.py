@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -12,11 +13,28 @@ import numpy as np
 STAGES = ("captured", "dequeued", "preprocessed", "submitted", "inferred", "postprocessed", "published")
 
 
+class DeviceImage(Protocol):
+    """A picture in device memory (pipelines.nvdec.DeviceNv12): size like an image, pixels on request."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    def download(self) -> np.ndarray: ...
+
+
+def host_image(image: np.ndarray | DeviceImage) -> np.ndarray:
+    """The frame's pixels as an HxWx3 BGR host array; a device picture is copied down (snapshots,
+    calibration, the accuracy gate: the only places that need host pixels of an NVDEC camera)."""
+    return image if isinstance(image, np.ndarray) else image.download()
+
+
 @dataclass(slots=True)
 class Frame:
     camera: str
     frame_id: int
-    image: np.ndarray  # HxWx3 uint8 BGR, owned by this frame (the reader never writes into it again)
+    # HxWx3 uint8 BGR owned by this frame (the reader never writes into it again), or for NVDEC cameras an
+    # NV12 picture in device memory that stays there until preprocessing (see host_image).
+    image: np.ndarray | DeviceImage
     ts_capture: float  # wall clock (time.time()) at capture, for payloads
     stamps: dict[str, float] = field(default_factory=dict)  # stage -> time.monotonic()
 

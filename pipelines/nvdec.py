@@ -381,6 +381,39 @@ def _primary_context(device: int) -> int:
 
 
 # ---- the reader ---------------------------------------------------------------------------------------
+_told: set[str] = set()  # host-level reasons already logged (once per process, not once per camera)
+
+
+def open_reader(
+    spec: SourceSpec,
+    slot: FrameSlot | None,
+    on_state: StateCallback | None,
+    *,
+    decoder: str = "auto",
+    device: int = 0,
+) -> CameraReader:
+    """The reader a camera's `decoder` setting asks for: cpu, nvdec, or auto (NVDEC where it works).
+
+    For auto on a host without NVDEC this is the plain CPU reader, with the reason in `decoder_reason`
+    (logged once per process); per-stream reasons (codec, size) are found when the stream opens.
+    """
+    if decoder == "cpu":
+        return CameraReader(spec, slot, on_state)
+    if decoder == "auto":
+        why = nvdec_unavailable()
+        if why is not None:
+            if why not in _told:
+                _told.add(why)
+                log.info("NVDEC not used (%s): cameras with decoder auto decode on the CPU", why)
+            reader = CameraReader(spec, slot, on_state)
+            reader.decoder_reason = why
+            return reader
+        if spec.pipeline is not None:
+            reader = CameraReader(spec, slot, on_state)
+            reader.decoder_reason = "a GStreamer pipeline decodes itself"
+            return reader
+    return NvdecReader(spec, slot, on_state, mode=decoder, device=device)
+
 class NvdecReader(CameraReader):
     """CameraReader whose frames are NVDEC pictures in device memory (`DeviceNv12`).
 
@@ -443,11 +476,10 @@ class NvdecReader(CameraReader):
         codec = _fourcc(cap.get(cv2.CAP_PROP_FOURCC))
         w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
         chroma, depth = _PIXEL_FORMATS.get(_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)), ("420", 8))
-        try:
+        why = nvdec_unavailable()
+        if why is None:
             nvc = import_nvc()
             why = stream_unsupported(nvc, codec, w, h, chroma, depth, self.device)
-        except NvdecUnavailable as exc:
-            why = str(exc)
         if why is not None:
             if self.mode == "nvdec":
                 return self._fail(f"decoder nvdec: {why}")

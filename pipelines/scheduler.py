@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engines.runtimes.base import Backend, Batch
-from pipelines.frames import Detections, Frame
+from pipelines.frames import Detections, DeviceImage, Frame, host_image
 from pipelines.models.base import ModelAdapter
 from pipelines.postprocess import filter_detections
 from pipelines.preprocess import Letterbox
@@ -478,7 +478,7 @@ class ModelWorker:
             )
 
     def _preprocess(
-        self, backend: Backend, adapter: ModelAdapter, images: list[np.ndarray]
+        self, backend: Backend, adapter: ModelAdapter, images: list[np.ndarray | DeviceImage]
     ) -> tuple[Batch, list[Letterbox], Callable[[], None] | None]:
         if self._gpu is not None:
             if backend.accepts_device_input:
@@ -491,7 +491,8 @@ class ModelWorker:
                     self.model,
                     backend.name,
                 )
-        tensor, boxes = adapter.preprocess(images)
+        # NVDEC pictures meet the CPU path only here (GPU preprocessing off, or a host-only backend).
+        tensor, boxes = adapter.preprocess([host_image(i) for i in images])
         return tensor, boxes, None
 
     def _hand_over(self, batch: _Batch) -> None:

@@ -184,6 +184,9 @@ class CameraReader(threading.Thread):
     both), so a hung camera stalls only its own thread.
     """
 
+    decoder = "cpu"  # what decodes the pictures (pipelines.nvdec.NvdecReader: nvdec, or cpu after a fallback)
+    decoder_reason: str | None = None  # why a camera configured for NVDEC decodes on the CPU
+
     def __init__(
         self,
         spec: SourceSpec,

@@ -44,6 +44,7 @@ from agent.lifecycle.model import ModelContext
 from engines.fsutil import atomic_write_bytes, fsync_dir
 from engines.runtimes.base import TensorSpec
 from engines.settings import onnx_input_shapes
+from pipelines.frames import host_image
 from pipelines.models import ModelAdapter, make_adapter
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import Result
@@ -331,7 +332,7 @@ def _capture_live(
                     continue
                 if counts[name] > min(counts[n] for n in active) or frame.ts_capture < next_ts[name]:
                     continue  # ahead of another camera (round-robin), or too soon after its last frame
-                writer.add(frame.image, f"camera:{name}#{frame.frame_id}")
+                writer.add(host_image(frame.image), f"camera:{name}#{frame.frame_id}")
                 counts[name] += 1
                 next_ts[name] = frame.ts_capture + 0.9 * interval_s
                 if writer.full:
@@ -526,7 +527,7 @@ class FrameTap:
             self._next[frame.camera] = frame.ts_capture + 0.9 * self._interval_s
         # Never block the model's worker: a full queue (the capture stopped reading) drops the frame.
         with contextlib.suppress(queue.Full):
-            q.put_nowait((frame.image.copy(), f"camera:{frame.camera}#{frame.frame_id}"))
+            q.put_nowait((host_image(frame.image).copy(), f"camera:{frame.camera}#{frame.frame_id}"))
 
     def frames(
         self, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
