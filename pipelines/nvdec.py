@@ -38,6 +38,7 @@ import numpy as np
 
 from engines.cuda_buffers import CudaError, Event, Stream, cuda_call, import_cudart
 from engines.errors import UnavailableError
+from pipelines.demux import colour_of
 from pipelines.frames import Frame
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec, StateCallback
 
@@ -285,10 +286,13 @@ class NvdecDecoder:
         A session is sized for its first sequence and rejects larger pictures (measured: a 640x272 session
         threw on 1080p IDRs), so a changed SPS gets a session of its own; the old one's pictures come first.
         """
-        sps = _parameter_set(data.tobytes(), self.codec)
+        raw = data.tobytes()
+        sps = _parameter_set(raw, self.codec)
         if sps is None or sps == self._sps:
             return []
         first, self._sps = self._sps is None, sps
+        # The colour matrix and range the preprocessing converts with come from the stream's VUI.
+        self.matrix, self.full_range = colour_of(raw, self.codec)
         if first:
             return []
         drained = self.flush()

@@ -176,6 +176,22 @@ def _resolve(spec: SourceSpec) -> _Target:
     return _Target("file", url, cv2.CAP_FFMPEG)
 
 
+def open_params(spec: SourceSpec, api: int) -> list[int]:
+    """The cv2.VideoCapture open parameters for ``spec`` on backend ``api``: FFmpeg's open/read timeouts.
+
+    Shared by :class:`CameraReader` and :mod:`pipelines.demux` (packet mode adds its own flag).
+    """
+    if api != cv2.CAP_FFMPEG:
+        # Only FFmpeg takes both timeouts; OpenCV refuses an open with parameters a backend leaves unused.
+        return []
+    return [
+        cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+        round(spec.open_timeout_s * 1000),
+        cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+        round(spec.read_timeout_s * 1000),
+    ]
+
+
 # --- the reader -----------------------------------------------------------------------------------------
 class CameraReader(threading.Thread):
     """Reads one camera into its :class:`FrameSlot` until :meth:`stop`.
@@ -308,15 +324,7 @@ class CameraReader(threading.Thread):
         return cap, ""
 
     def _open_params(self) -> list[int]:
-        if self._target.api != cv2.CAP_FFMPEG:
-            # Only FFmpeg takes both timeouts; OpenCV refuses an open with parameters a backend leaves unused.
-            return []
-        return [
-            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
-            round(self.spec.open_timeout_s * 1000),
-            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
-            round(self.spec.read_timeout_s * 1000),
-        ]
+        return open_params(self.spec, self._target.api)
 
     def _stream(self, cap: cv2.VideoCapture) -> tuple[int, str]:
         """Read until failure or stop; return (frames delivered, why it ended)."""

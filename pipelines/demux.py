@@ -1,0 +1,732 @@
+"""Encoded-packet source for the hardware-decode path, and the H.264/H.265 bitstream helpers it needs.
+
+OpenCV's FFmpeg backend in packet mode (``CAP_PROP_FORMAT -1``) hands out the demuxed packets instead of
+pictures: one access unit per read, Annex-B (FFmpeg converts mp4/avcC itself), SPS/PPS repeated before
+every IDR, with the same open/read timeouts as :class:`pipelines.sources.CameraReader` (measured on
+OpenCV 4.12 / FFmpeg 7: files and RTSP alike; the packet array comes back as shape ``(1, N)``)::
+
+    with PacketSource("rtsp://cam/stream", open_timeout_s=5, read_timeout_s=2) as src:
+        info = src.open()                   # StreamInfo: codec, width, height, fps, pixel format
+        while (pkt := src.read()) is not None:
+            decoder.decode(pkt.data, pkt.keyframe)   # pkt.data: 1-D uint8 Annex-B
+        print(src.last_error)               # why reading ended (credentials masked)
+
+Also here, free of OpenCV state: :func:`nal_units` / :func:`nal_types` (start codes found with bytes.find,
+no per-byte Python loop), :func:`is_irap`, and :func:`parse_sps`, which reads an H.264 or H.265 sequence
+parameter set up to the VUI colour description so that GPU colour conversion can pick BT.601/BT.709/BT.2020
+and limited/full range. A stream that says nothing (no VUI, no video_signal_type, or "unspecified") is
+treated as **BT.601 limited range**, as FFmpeg's swscale does for unspecified SD/HD material.
+
+Nothing here raises on a corrupt stream: a truncated packet yields fewer NAL units, a truncated SPS raises
+``ValueError`` from :func:`parse_sps` only (callers that cannot care use :func:`colour_of`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from pipelines.rtsp_probe import diagnose
+from pipelines.sources import SourceSpec, _resolve, open_params
+from pipelines.urls import mask_url, secrets_of
+
+log = logging.getLogger(__name__)
+
+# --- NAL units ------------------------------------------------------------------------------------------
+_START = b"\x00\x00\x01"
+H264_IDR, H264_SEI, H264_SPS, H264_PPS, H264_AUD = 5, 6, 7, 8, 9
+H265_IRAP = range(16, 22)  # BLA_W_LP .. CRA_NUT (16-21): a decoder can start here
+H265_VPS, H265_SPS, H265_PPS, H265_AUD = 32, 33, 34, 35
+_HEVC_NAMES = {"hevc", "h265", "hev1", "hvc1"}
+_H264_NAMES = {"h264", "avc1", "avc", "x264"}
+
+
+def codec_name(fourcc_or_name: str) -> str:
+    """``"h264"``, ``"hevc"``, or the lower-cased input for anything else (FFmpeg tags and common names)."""
+    name = fourcc_or_name.strip().lower()
+    if name in _H264_NAMES:
+        return "h264"
+    if name in _HEVC_NAMES:
+        return "hevc"
+    return name
+
+
+def nal_spans(data: bytes) -> list[tuple[int, int]]:
+    """(begin, end) of each NAL unit in an Annex-B buffer: begin is just past the start code, end excludes
+    the next start code and trailing zero bytes (a 4-byte start code's leading zero, trailing_zero_8bits).
+
+    bytes.find (memchr speed) over a buffer of a few hundred kB: a handful of calls per packet. Bytes
+    before the first start code and empty units are skipped, so garbage yields ``[]``, never an exception.
+    """
+    spans: list[tuple[int, int]] = []
+    pos = data.find(_START)
+    while pos >= 0:
+        begin = pos + 3
+        nxt = data.find(_START, begin)
+        end = len(data) if nxt < 0 else nxt
+        # A NAL unit never ends in a zero byte (rbsp_stop_one_bit; cabac_zero_words are 00 00 03), so zeros
+        # before the next start code belong to it. rstrip on a slice copies, so walk back a few bytes.
+        while end > begin and data[end - 1] == 0:
+            end -= 1
+        if end > begin:
+            spans.append((begin, end))
+        pos = nxt
+    return spans
+
+
+def nal_units(data: bytes | np.ndarray) -> list[bytes]:
+    """The NAL units (header included, start codes excluded) of an Annex-B buffer."""
+    buf = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+    return [buf[b:e] for b, e in nal_spans(buf)]
+
+
+def nal_type(nal: bytes, codec: str) -> int:
+    """nal_unit_type of one NAL unit (H.264: low 5 bits of byte 0; H.265: bits 1-6 of byte 0)."""
+    return (nal[0] >> 1) & 0x3F if codec_name(codec) == "hevc" else nal[0] & 0x1F
+
+
+def nal_types(data: bytes | np.ndarray, codec: str) -> list[int]:
+    """nal_unit_type of every NAL unit of an Annex-B buffer, in order."""
+    buf = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+    hevc = codec_name(codec) == "hevc"
+    return [((buf[b] >> 1) & 0x3F) if hevc else (buf[b] & 0x1F) for b, _ in nal_spans(buf)]
+
+
+def is_irap(types: list[int] | tuple[int, ...], codec: str) -> bool:
+    """True when the NAL types include a random-access picture: H.264 IDR (5), H.265 IRAP (16-21)."""
+    if codec_name(codec) == "hevc":
+        return any(t in H265_IRAP for t in types)
+    return H264_IDR in types
+
+
+def find_sps(data: bytes | np.ndarray, codec: str) -> bytes | None:
+    """The first sequence parameter set NAL unit (H.264 type 7, H.265 type 33) of a buffer, or None."""
+    want = H265_SPS if codec_name(codec) == "hevc" else H264_SPS
+    for nal in nal_units(data):
+        if nal_type(nal, codec) == want:
+            return nal
+    return None
+
+
+# --- SPS parsing ------------------------------------------------------------------------------------------
+def unescape_rbsp(nal: bytes) -> bytes:
+    """Remove emulation-prevention bytes (00 00 03 -> 00 00).
+
+    bytes.replace scans left to right and resumes after each replacement, which is exactly the rule: the
+    zero count restarts after an emulation-prevention byte.
+    """
+    return nal.replace(b"\x00\x00\x03", b"\x00\x00")
+
+
+class _Bits:
+    """MSB-first reader over a parameter set (tens of bytes, parsed once per new SPS: not a hot path)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._value = int.from_bytes(data, "big")
+        self._n = len(data) * 8
+        self.pos = 0
+
+    def u(self, n: int) -> int:
+        if n == 0:
+            return 0
+        if self.pos + n > self._n:
+            raise ValueError(f"parameter set truncated (need bit {self.pos + n}, have {self._n})")
+        self.pos += n
+        return (self._value >> (self._n - self.pos)) & ((1 << n) - 1)
+
+    def flag(self) -> bool:
+        return bool(self.u(1))
+
+    def ue(self) -> int:
+        zeros = 0
+        while self.u(1) == 0:
+            zeros += 1
+            if zeros > 31:
+                raise ValueError("invalid exp-Golomb code (more than 31 leading zeros)")
+        return (1 << zeros) - 1 + self.u(zeros)
+
+    def se(self) -> int:
+        k = self.ue()
+        return (k + 1) // 2 if k & 1 else -(k // 2)
+
+    def skip(self, n: int) -> None:
+        self.u(n)  # bounds-checked like any read
+
+
+_H264_PROFILES = {
+    44: "CAVLC 4:4:4 Intra",
+    66: "Baseline",
+    77: "Main",
+    88: "Extended",
+    100: "High",
+    110: "High 10",
+    122: "High 4:2:2",
+    244: "High 4:4:4 Predictive",
+}
+_H265_PROFILES = {
+    1: "Main",
+    2: "Main 10",
+    3: "Main Still Picture",
+    4: "Range Extensions",
+    5: "High Throughput",
+    9: "Screen Content Coding",
+}
+# H.264 profiles whose SPS carries chroma_format_idc, bit depths and scaling matrices (7.3.2.1.1).
+_H264_HIGH = {100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135}
+# matrix_coefficients (H.273) -> what a YUV->RGB conversion needs.
+_MATRICES = {1: "bt709", 5: "bt601", 6: "bt601", 9: "bt2020", 10: "bt2020"}
+_CHROMA = {0: "400", 1: "420", 2: "422", 3: "444"}
+
+
+@dataclass(frozen=True)
+class SpsInfo:
+    """What a sequence parameter set says about decoding and colour.
+
+    ``video_full_range_flag``/``colour_primaries``/``transfer_characteristics``/``matrix_coefficients`` are
+    None when the SPS does not carry them (no VUI, no video_signal_type, no colour description). ``matrix``
+    and ``full_range`` are what to use: the stream's values, else BT.601 limited (``colour_from_stream``
+    says which).
+    """
+
+    codec: str  # "h264" | "hevc"
+    profile_idc: int
+    profile: str  # "High", "High 4:4:4 Predictive", "Main 10", ... or "profile N"
+    level_idc: int
+    chroma_format: str  # "400" | "420" | "422" | "444"
+    bit_depth_luma: int
+    bit_depth_chroma: int
+    width: int  # after the cropping / conformance window
+    height: int
+    video_full_range_flag: bool | None = None
+    colour_primaries: int | None = None
+    transfer_characteristics: int | None = None
+    matrix_coefficients: int | None = None
+    vui_error: str | None = None  # the VUI was present but could not be read to its colour fields
+
+    @property
+    def matrix(self) -> str:
+        """What YUV->RGB matrix to use: bt601, bt709, bt2020, or identity (GBR); unspecified -> bt601."""
+        if self.matrix_coefficients == 0:
+            return "identity"
+        return _MATRICES.get(self.matrix_coefficients or 2, "bt601")
+
+    @property
+    def full_range(self) -> bool:
+        return bool(self.video_full_range_flag)
+
+    @property
+    def colour_from_stream(self) -> bool:
+        """True when ``matrix`` comes from the stream, False when it is the BT.601 fallback."""
+        return self.matrix_coefficients in _MATRICES or self.matrix_coefficients == 0
+
+
+def parse_sps(nal: bytes, codec: str) -> SpsInfo:
+    """Parse an SPS NAL unit (header byte(s) included, start code excluded); ValueError if it is not one or
+    is truncated before the picture size. A VUI cut short leaves the colour fields None (``vui_error``)."""
+    codec = codec_name(codec)
+    if codec == "hevc":
+        return _parse_h265_sps(nal)
+    if codec == "h264":
+        return _parse_h264_sps(nal)
+    raise ValueError(f"no SPS parser for codec {codec!r}")
+
+
+def colour_of(data: bytes | np.ndarray, codec: str) -> tuple[str, bool]:
+    """(matrix, full_range) from the first SPS in ``data``; ("bt601", False) when none or unreadable."""
+    sps = find_sps(data, codec)
+    if sps is not None:
+        try:
+            info = parse_sps(sps, codec)
+            return info.matrix, info.full_range
+        except ValueError as exc:
+            log.debug("unreadable SPS (%s): assuming BT.601 limited range", exc)
+    return "bt601", False
+
+
+def _scaling_list(b: _Bits, size: int) -> None:
+    last = nxt = 8
+    for _ in range(size):
+        if nxt != 0:
+            nxt = (last + b.se() + 256) % 256
+        last = nxt if nxt != 0 else last
+
+
+def _vui_colour(b: _Bits) -> tuple[bool | None, int | None, int | None, int | None]:
+    """The start of vui_parameters(), identical in H.264 (E.1.1) and H.265 (E.2.1), up to the colours."""
+    # aspect_ratio_info_present_flag, then aspect_ratio_idc == Extended_SAR: sar_width, sar_height
+    if b.flag() and b.u(8) == 255:
+        b.skip(32)
+    if b.flag():  # overscan_info_present_flag
+        b.skip(1)
+    if not b.flag():  # video_signal_type_present_flag
+        return None, None, None, None
+    b.skip(3)  # video_format
+    full = b.flag()
+    if not b.flag():  # colour_description_present_flag
+        return full, None, None, None
+    return full, b.u(8), b.u(8), b.u(8)
+
+
+def _parse_h264_sps(nal: bytes) -> SpsInfo:
+    if not nal or nal[0] & 0x1F != H264_SPS:
+        raise ValueError("not an H.264 SPS NAL unit")
+    b = _Bits(unescape_rbsp(nal[1:]))
+    profile_idc = b.u(8)
+    b.skip(8)  # constraint_set flags, reserved
+    level_idc = b.u(8)
+    b.ue()  # seq_parameter_set_id
+    chroma_format_idc, separate_planes, depth_y, depth_c = 1, False, 8, 8
+    if profile_idc in _H264_HIGH:
+        chroma_format_idc = b.ue()
+        if chroma_format_idc == 3:
+            separate_planes = b.flag()
+        depth_y = b.ue() + 8
+        depth_c = b.ue() + 8
+        b.skip(1)  # qpprime_y_zero_transform_bypass_flag
+        if b.flag():  # seq_scaling_matrix_present_flag
+            for i in range(8 if chroma_format_idc != 3 else 12):
+                if b.flag():
+                    _scaling_list(b, 16 if i < 6 else 64)
+    b.ue()  # log2_max_frame_num_minus4
+    poc_type = b.ue()
+    if poc_type == 0:
+        b.ue()  # log2_max_pic_order_cnt_lsb_minus4
+    elif poc_type == 1:
+        b.skip(1)  # delta_pic_order_always_zero_flag
+        b.se()
+        b.se()
+        for _ in range(b.ue()):
+            b.se()
+    b.ue()  # max_num_ref_frames
+    b.skip(1)  # gaps_in_frame_num_value_allowed_flag
+    width_mbs = b.ue() + 1
+    height_units = b.ue() + 1
+    frame_mbs_only = b.flag()
+    if not frame_mbs_only:
+        b.skip(1)  # mb_adaptive_frame_field_flag
+    b.skip(1)  # direct_8x8_inference_flag
+    width, height = width_mbs * 16, (2 - frame_mbs_only) * height_units * 16
+    if b.flag():  # frame_cropping_flag
+        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
+        array_type = 0 if separate_planes else chroma_format_idc
+        sub_w = 2 if array_type in (1, 2) else 1
+        sub_h = 2 if array_type == 1 else 1
+        width -= sub_w * (left + right)
+        height -= sub_h * (2 - frame_mbs_only) * (top + bottom)
+    info = dict(
+        codec="h264",
+        profile_idc=profile_idc,
+        profile=_H264_PROFILES.get(profile_idc, f"profile {profile_idc}"),
+        level_idc=level_idc,
+        chroma_format=_CHROMA.get(chroma_format_idc, str(chroma_format_idc)),
+        bit_depth_luma=depth_y,
+        bit_depth_chroma=depth_c,
+        width=width,
+        height=height,
+    )
+    return _with_vui(b, info)
+
+
+def _with_vui(b: _Bits, info: dict[str, object]) -> SpsInfo:
+    try:
+        if not b.flag():  # vui_parameters_present_flag
+            return SpsInfo(**info)  # type: ignore[arg-type]
+        full, primaries, transfer, matrix = _vui_colour(b)
+    except ValueError as exc:
+        # Some cameras cut the SPS short after the size: the picture is still decodable, colours default.
+        return SpsInfo(**info, vui_error=str(exc))  # type: ignore[arg-type]
+    return SpsInfo(
+        **info,  # type: ignore[arg-type]
+        video_full_range_flag=full,
+        colour_primaries=primaries,
+        transfer_characteristics=transfer,
+        matrix_coefficients=matrix,
+    )
+
+
+def _h265_profile_tier_level(b: _Bits, max_sub_layers_minus1: int) -> tuple[int, int]:
+    b.skip(2 + 1)  # general_profile_space, general_tier_flag
+    profile_idc = b.u(5)
+    b.skip(32 + 48)  # compatibility flags; progressive/interlaced/non-packed/frame-only + 44 constraint bits
+    level_idc = b.u(8)
+    present = [(b.flag(), b.flag()) for _ in range(max_sub_layers_minus1)]
+    if max_sub_layers_minus1 > 0:
+        b.skip(2 * (8 - max_sub_layers_minus1))  # reserved_zero_2bits
+    for profile_present, level_present in present:
+        if profile_present:
+            b.skip(88)
+        if level_present:
+            b.skip(8)
+    return profile_idc, level_idc
+
+
+def _h265_scaling_list_data(b: _Bits) -> None:
+    for size_id in range(4):
+        for _ in range(0, 6, 3 if size_id == 3 else 1):
+            if not b.flag():  # scaling_list_pred_mode_flag
+                b.ue()  # scaling_list_pred_matrix_id_delta
+                continue
+            coefs = min(64, 1 << (4 + (size_id << 1)))
+            if size_id > 1:
+                b.se()  # scaling_list_dc_coef_minus8
+            for _ in range(coefs):
+                b.se()
+
+
+def _h265_st_ref_pic_sets(b: _Bits, count: int) -> None:
+    deltas: list[int] = []  # NumDeltaPics of each set, for inter-set prediction (7.4.8)
+    for idx in range(count):
+        if idx != 0 and b.flag():  # inter_ref_pic_set_prediction_flag
+            b.skip(1)  # delta_rps_sign
+            b.ue()  # abs_delta_rps_minus1
+            used = 0
+            for _ in range(deltas[idx - 1] + 1):  # in the SPS, RefRpsIdx is always idx - 1
+                if b.flag() or b.flag():  # used_by_curr_pic_flag, else use_delta_flag
+                    used += 1
+            deltas.append(used)
+        else:
+            negative, positive = b.ue(), b.ue()
+            for _ in range(negative + positive):
+                b.ue()  # delta_poc_sX_minus1
+                b.skip(1)  # used_by_curr_pic_sX_flag
+            deltas.append(negative + positive)
+
+
+def _parse_h265_sps(nal: bytes) -> SpsInfo:
+    if len(nal) < 2 or (nal[0] >> 1) & 0x3F != H265_SPS:
+        raise ValueError("not an H.265 SPS NAL unit")
+    b = _Bits(unescape_rbsp(nal[2:]))
+    b.skip(4)  # sps_video_parameter_set_id
+    max_sub_layers_minus1 = b.u(3)
+    b.skip(1)  # sps_temporal_id_nesting_flag
+    profile_idc, level_idc = _h265_profile_tier_level(b, max_sub_layers_minus1)
+    b.ue()  # sps_seq_parameter_set_id
+    chroma_format_idc = b.ue()
+    separate_planes = b.flag() if chroma_format_idc == 3 else False
+    width, height = b.ue(), b.ue()
+    if b.flag():  # conformance_window_flag
+        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
+        array_type = 0 if separate_planes else chroma_format_idc
+        sub_w = 2 if array_type in (1, 2) else 1
+        sub_h = 2 if array_type == 1 else 1
+        width -= sub_w * (left + right)
+        height -= sub_h * (top + bottom)
+    depth_y, depth_c = b.ue() + 8, b.ue() + 8
+    info: dict[str, object] = dict(
+        codec="hevc",
+        profile_idc=profile_idc,
+        profile=_H265_PROFILES.get(profile_idc, f"profile {profile_idc}"),
+        level_idc=level_idc,
+        chroma_format=_CHROMA.get(chroma_format_idc, str(chroma_format_idc)),
+        bit_depth_luma=depth_y,
+        bit_depth_chroma=depth_c,
+        width=width,
+        height=height,
+    )
+    try:
+        log2_max_poc_lsb = b.ue() + 4
+        ordering_all = b.flag()  # sps_sub_layer_ordering_info_present_flag
+        for _ in range(0 if ordering_all else max_sub_layers_minus1, max_sub_layers_minus1 + 1):
+            b.ue()
+            b.ue()
+            b.ue()
+        for _ in range(6):  # coding/transform block sizes, transform hierarchy depths
+            b.ue()
+        if b.flag() and b.flag():  # scaling_list_enabled_flag, sps_scaling_list_data_present_flag
+            _h265_scaling_list_data(b)
+        b.skip(2)  # amp_enabled_flag, sample_adaptive_offset_enabled_flag
+        if b.flag():  # pcm_enabled_flag
+            b.skip(8)  # pcm sample bit depths
+            b.ue()
+            b.ue()
+            b.skip(1)
+        _h265_st_ref_pic_sets(b, b.ue())
+        if b.flag():  # long_term_ref_pics_present_flag
+            for _ in range(b.ue()):
+                b.skip(log2_max_poc_lsb + 1)
+        b.skip(2)  # sps_temporal_mvp_enabled_flag, strong_intra_smoothing_enabled_flag
+    except ValueError as exc:
+        return SpsInfo(**info, vui_error=str(exc))  # type: ignore[arg-type]
+    return _with_vui(b, info)
+
+
+# --- the packet source ----------------------------------------------------------------------------------
+def _fourcc(value: float) -> str:
+    if not math.isfinite(value) or value <= 0:
+        return ""
+    return int(value).to_bytes(4, "little").decode("latin-1").strip("\x00 ")
+
+
+class DemuxError(Exception):
+    """The source cannot be opened in packet mode; the message is credential-free."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What OpenCV reports after opening (packet mode); zeros/"" where it does not know."""
+
+    codec: str  # "h264" | "hevc" | FFmpeg's tag lower-cased (from CAP_PROP_FOURCC)
+    fourcc: str  # CAP_PROP_FOURCC as text, e.g. "h264", "hevc"
+    pixel_format: str  # CAP_PROP_CODEC_PIXEL_FORMAT as text, e.g. "I420" (4:2:0 8-bit)
+    width: int
+    height: int
+    fps: float | None  # None when FFmpeg has no rate (some cameras report 90000 or 0)
+    open_s: float  # how long the open took
+
+
+@dataclass(frozen=True, eq=False)
+class Packet:
+    """One demuxed packet: normally one access unit, Annex-B with start codes.
+
+    ``data`` is this packet's own 1-D uint8 array (OpenCV allocates a new one per read). ``keyframe`` is
+    FFmpeg's key flag (CAP_PROP_LRF_HAS_KEY_FRAME: IDR, or a recovery-point SEI on intra-refresh streams)
+    or'ed with :attr:`irap`, the bitstream's own answer, so a demuxer that never sets the flag still works.
+    """
+
+    data: np.ndarray
+    index: int  # 0-based count of packets since open()
+    codec: str  # as StreamInfo.codec
+    # CAP_PROP_PTS as OpenCV reports it: in frame units (presentation time x stream fps), not the container's
+    # time base; None when unknown. Prefer time_s.
+    pts: int | None
+    time_s: float | None  # CAP_PROP_POS_MSEC / 1000: presentation time from the stream start (s)
+    flag_key: bool  # FFmpeg's key flag alone
+    read_s: float  # time spent in cap.read()
+    nal_types: tuple[int, ...] = field(default=())  # nal_unit_type of each NAL unit, in order
+
+    @property
+    def irap(self) -> bool:
+        """The packet holds an IDR (H.264) / IRAP (H.265) picture: decoding can start here."""
+        return is_irap(self.nal_types, self.codec)
+
+    @property
+    def keyframe(self) -> bool:
+        return self.flag_key or self.irap
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @cached_property
+    def nals(self) -> list[bytes]:
+        """The NAL units (start codes excluded), computed on first use."""
+        return nal_units(self.data)
+
+    def sps(self) -> bytes | None:
+        """The packet's SPS NAL unit, or None."""
+        return find_sps(self.data, self.codec)
+
+
+class PacketSource:
+    """Reads encoded packets from a file or network stream through OpenCV's FFmpeg backend.
+
+    Not thread-safe: one thread opens, reads and closes (like one CameraReader). ``read()`` never raises
+    for stream trouble: it returns None and sets :attr:`last_error` (and :attr:`stalled` when the read
+    timeout fired, i.e. a frozen camera).
+    """
+
+    def __init__(
+        self,
+        source: SourceSpec | str,
+        *,
+        open_timeout_s: float = 5.0,
+        read_timeout_s: float = 2.0,
+        diagnose_failures: bool = True,
+    ) -> None:
+        if isinstance(source, SourceSpec):
+            self.spec = source
+        else:
+            self.spec = SourceSpec(
+                camera="demux", url=source, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s
+            )
+        self._secrets = secrets_of(str(self.spec.url))
+        self._target = _resolve(self.spec)
+        if self._target.api != cv2.CAP_FFMPEG:
+            raise DemuxError(f"packet mode needs an FFmpeg source, not {self._target.kind}: {self.display}")
+        self._diagnose = diagnose_failures
+        self._cap: cv2.VideoCapture | None = None
+        self.info: StreamInfo | None = None
+        self.packets = 0
+        self.bytes = 0
+        self.last_error: str | None = None
+        self.stalled = False
+        self._key_prop = getattr(cv2, "CAP_PROP_LRF_HAS_KEY_FRAME", None)  # OpenCV >= 4.7
+        self._sps_raw: bytes | None = None
+        self.sps: SpsInfo | None = None  # the latest SPS seen in a packet, parsed (None: none yet/unreadable)
+
+    @property
+    def display(self) -> str:
+        """The source as it may be shown: credentials masked."""
+        return self._scrub(str(self.spec.url))
+
+    def _scrub(self, text: str) -> str:
+        text = mask_url(text)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def open_params(self) -> list[int]:
+        """CameraReader's open/read timeouts plus packet mode."""
+        return [*open_params(self.spec, self._target.api), cv2.CAP_PROP_FORMAT, -1]
+
+    def open(self) -> StreamInfo:
+        """Open (or reopen) in packet mode; raise :class:`DemuxError` with a credential-free reason."""
+        self.close()
+        t = self._target
+        if t.kind == "file" and not Path(str(t.target)).is_file():
+            raise DemuxError(f"no such file: {self.display}")
+        start = time.monotonic()
+        try:
+            cap = cv2.VideoCapture(t.target, t.api, self.open_params())
+        except cv2.error as exc:
+            raise DemuxError(self._scrub(f"cannot open {self.display}: {exc}")) from None
+        took = time.monotonic() - start
+        if not cap.isOpened():
+            cap.release()
+            timed_out = t.kind in ("rtsp", "stream") and took >= 0.9 * self.spec.open_timeout_s
+            what = f"open timed out after {self.spec.open_timeout_s:g} s" if timed_out else "cannot open"
+            why = ""
+            if t.kind == "rtsp" and self._diagnose and isinstance(self.spec.url, str):
+                why = ": " + diagnose(self.spec.url, timeout=min(3.0, self.spec.open_timeout_s))
+            raise DemuxError(self._scrub(f"{what}: {self.display}{why}"))
+        if cap.get(cv2.CAP_PROP_FORMAT) != -1:
+            # An OpenCV without packet mode would hand us pictures: refuse rather than feed them to NVDEC.
+            cap.release()
+            raise DemuxError(f"this OpenCV does not support packet mode (CAP_PROP_FORMAT -1): {self.display}")
+        fourcc = _fourcc(cap.get(cv2.CAP_PROP_FOURCC))
+        fps = cap.get(cv2.CAP_PROP_FPS)
+        self.info = StreamInfo(
+            codec=codec_name(fourcc),
+            fourcc=fourcc,
+            pixel_format=_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)),
+            width=int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            height=int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            fps=fps if math.isfinite(fps) and 0 < fps <= 1000 else None,
+            open_s=took,
+        )
+        self._cap = cap
+        self.packets = self.bytes = 0
+        self.last_error, self.stalled = None, False
+        log.debug("demux: opened %s in %.3f s: %s", self.display, took, self.info)
+        return self.info
+
+    def read(self) -> Packet | None:
+        """The next packet, or None at end of stream, on a read error, or when no packet came within the
+        read timeout (``stalled``); :attr:`last_error` says which."""
+        cap, info = self._cap, self.info
+        if cap is None or info is None:
+            self.last_error = "not open"
+            return None
+        t0 = time.monotonic()
+        try:
+            ok, raw = cap.read()
+        except cv2.error as exc:
+            self.last_error = self._scrub(f"read error on {self.display}: {exc}")
+            return None
+        took = time.monotonic() - t0
+        live = self._target.kind != "file"
+        # As in CameraReader: a read that lasted the read timeout means FFmpeg's interrupt fired; whatever it
+        # returns afterwards is a drained buffer, not a live camera.
+        if live and took >= self.spec.read_timeout_s:
+            self.stalled = True
+            self.last_error = self._scrub(f"no packet for {self.spec.read_timeout_s:g} s: {self.display}")
+            return None
+        if not ok or raw is None or raw.size == 0:
+            what = "end of file" if not live else "stream ended or read failed"
+            self.last_error = self._scrub(f"{what}: {self.display}")
+            return None
+        data = raw.reshape(-1)  # OpenCV returns (1, N); a view of this read's own buffer
+        buf = data.tobytes()
+        hevc = info.codec == "hevc"
+        types = tuple(((buf[b] >> 1) & 0x3F) if hevc else (buf[b] & 0x1F) for b, _ in nal_spans(buf))
+        flag_key = bool(self._key_prop is not None and cap.get(self._key_prop) > 0)
+        pts = cap.get(cv2.CAP_PROP_PTS)
+        msec = cap.get(cv2.CAP_PROP_POS_MSEC)
+        packet = Packet(
+            data=data,
+            index=self.packets,
+            codec=info.codec,
+            pts=int(pts) if math.isfinite(pts) and pts >= 0 else None,
+            time_s=msec / 1000.0 if math.isfinite(msec) else None,
+            flag_key=flag_key,
+            read_s=took,
+            nal_types=types,
+        )
+        self.packets += 1
+        self.bytes += packet.size
+        if (H265_SPS if hevc else H264_SPS) in types:
+            self._note_sps(buf, info.codec)
+        return packet
+
+    def _note_sps(self, buf: bytes, codec: str) -> None:
+        sps = find_sps(buf, codec)
+        if sps is None or sps == self._sps_raw:
+            return  # the same SPS repeated before every IDR: parse once
+        self._sps_raw = sps
+        try:
+            self.sps = parse_sps(sps, codec)
+        except ValueError as exc:
+            self.sps = None
+            log.warning("demux: unreadable SPS on %s (%s): assuming BT.601 limited range", self.display, exc)
+
+    def rewind(self) -> bool:
+        """Files: start again from the first packet (seek, or reopen where the container refuses)."""
+        if self._cap is None:
+            return False
+        if self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
+            return True
+        try:
+            self.open()
+        except DemuxError as exc:
+            self.last_error = str(exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None
+
+    def __iter__(self) -> PacketSource:
+        return self
+
+    def __next__(self) -> Packet:
+        packet = self.read()
+        if packet is None:
+            raise StopIteration
+        return packet
+
+    def __enter__(self) -> PacketSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PacketSource({self.display!r}, packets={self.packets})"
+
+
+__all__ = [
+    "DemuxError",
+    "Packet",
+    "PacketSource",
+    "SpsInfo",
+    "StreamInfo",
+    "codec_name",
+    "colour_of",
+    "find_sps",
+    "is_irap",
+    "nal_spans",
+    "nal_type",
+    "nal_types",
+    "nal_units",
+    "parse_sps",
+    "unescape_rbsp",
+]
