@@ -211,3 +211,86 @@ def test_unsupported_codec_auto_falls_back_and_nvdec_fails_naming_it(nvc, tmp_pa
     strict.join(20)
     assert states[-1][0] == "failed"
     assert "nvdec" in (states[-1][1] or "") and "mjpg" in (states[-1][1] or "").lower()
+
+
+def _clip_env(name: str) -> Path:
+    import os
+
+    value = os.environ.get(name)
+    if not value or not Path(value).is_file():
+        pytest.skip(f"set {name} to a clip made by tools/make_clip.py (needs PyAV, not on the GPU box)")
+    return Path(value)
+
+
+def test_h265_luma_equals_the_cpu_decoder(nvc) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import NvdecDecoder
+
+    path = _clip_env("EDGE_AGENT_HEVC_CLIP")
+    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    dec = NvdecDecoder("hevc")
+    lumas = []
+    while True:
+        ok, packet = cap.read()
+        if not ok:
+            break
+        lumas += [_luma(p) for p in dec.decode(packet, bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME)))]
+    lumas += [_luma(p) for p in dec.flush()]
+    dec.close()
+    ref = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    assert ref.set(cv2.CAP_PROP_CONVERT_RGB, 0)
+    cpu = []
+    while True:
+        ok, plane = ref.read()
+        if not ok:
+            break
+        cpu.append(plane)
+    assert len(lumas) == len(cpu) > 0
+    assert sum(np.array_equal(a, b) for a, b in zip(lumas, cpu, strict=True)) == len(cpu)
+
+
+def test_frozen_camera_is_reported_within_the_read_timeout_and_reconnects(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+
+    from test_annexb_rtsp import serve
+
+    from pipelines.nvdec import DeviceNv12, NvdecReader
+
+    path = tmp_path / "clip.h264"
+    cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    data = bytearray()
+    while True:
+        ok, packet = cap.read()
+        if not ok:
+            break
+        data += packet.tobytes()
+    path.write_bytes(bytes(data))
+    states: list[tuple[float, str]] = []
+    with serve(path, fps=25) as (url, proc):
+        spec = SourceSpec(camera="r", url=url, read_timeout_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5)
+        reader = NvdecReader(
+            spec, FrameSlot(), lambda c, s, r: states.append((time.monotonic(), s)), mode="nvdec"
+        )
+        reader.start()
+        try:
+            frame = reader.slot.get(timeout=20)
+            assert frame is not None and isinstance(frame.image, DeviceNv12)
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            deadline = stopped + 10
+            while time.monotonic() < deadline and not any(
+                s == "reconnecting" for t, s in states if t > stopped
+            ):
+                time.sleep(0.05)
+            reported = next(t for t, s in states if t > stopped and s == "reconnecting")
+            assert reported - stopped < 1.0 + 3.0  # read timeout + slack for a loaded machine
+            os.kill(proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and states[-1][1] != "streaming":
+                time.sleep(0.05)
+            assert states[-1][1] == "streaming"
+            assert reader.slot.get(timeout=5) is not None
+            print(f"frozen camera reported after {reported - stopped:.2f} s")
+        finally:
+            reader.stop()
+    assert reader.sessions_open == 0
