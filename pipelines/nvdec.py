@@ -142,14 +142,58 @@ def stream_unsupported(
 
 # ---- a decoded frame on the device ------------------------------------------------------------------
 class _StreamHolder:
-    """Owns the decoder's CUDA stream; every frame references it, so it is destroyed after the last one."""
+    """Owns the decoder's CUDA stream and a small pool of picture buffers; every frame references it, so
+    the stream is destroyed after the last frame.
+
+    Buffers (with their events) go back to the pool when a frame is garbage and are reused for the next
+    pictures of the same size: a picture then costs two CUDA calls (copy, record) instead of six
+    (measured: 16 streams decoded 15 % slower than PyNvVideoCodec's own loop with an allocation and an
+    event per picture). A dropped frame is never read again and a consumed one is dropped only after
+    the batch that read it finished on the GPU, so a buffer is free when its frame is.
+    """
+
+    KEEP = 8  # idle buffers kept per holder (about 25 MB at 1080p)
 
     def __init__(self, cudart: ModuleType) -> None:
         self.rt = cudart
         self.stream = Stream(cudart)
+        self._lock = threading.Lock()
+        self._free: list[tuple[int, int, Event]] = []  # (nbytes, ptr, event)
+        self.closed = False
+
+    def take(self, nbytes: int) -> tuple[int, Event]:
+        with self._lock:
+            for i, (size, ptr, event) in enumerate(self._free):
+                if size == nbytes:
+                    del self._free[i]
+                    return ptr, event
+        rt = self.rt
+        ptr = int(cuda_call(rt, f"cudaMallocAsync({nbytes})", rt.cudaMallocAsync(nbytes, self.stream.raw)))
+        return ptr, Event(rt, timing=False)
+
+    def give(self, nbytes: int, ptr: int, event: Event) -> None:
+        with self._lock:
+            if not self.closed and len(self._free) < self.KEEP:
+                self._free.append((nbytes, ptr, event))
+                return
+        self._release(ptr, event)
+
+    def _release(self, ptr: int, event: Event) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free
+            self.rt.cudaFreeAsync(ptr, self.stream.raw)
+            event.destroy()
+
+    def close(self) -> None:
+        """Free the idle buffers (frames still alive free theirs when they go)."""
+        with self._lock:
+            self.closed = True
+            idle, self._free = self._free, []
+        for _, ptr, event in idle:
+            self._release(ptr, event)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free
+        self.close()
+        with contextlib.suppress(Exception):
             self.stream.destroy()
 
 
@@ -178,12 +222,7 @@ class DeviceNv12:
         self.width, self.height, self.pitch = width, height, width
         self.uv_offset = width * height
         self.matrix, self.full_range = matrix, full_range
-        rt = holder.rt
-        nbytes = width * height * 3 // 2
-        self.ptr = int(
-            cuda_call(rt, f"cudaMallocAsync({nbytes})", rt.cudaMallocAsync(nbytes, holder.stream.raw))
-        )
-        self.event = Event(rt, timing=False)
+        self.ptr, self.event = holder.take(width * height * 3 // 2)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -211,14 +250,10 @@ class DeviceNv12:
         return cv2.cvtColor(host, cv2.COLOR_YUV2BGR_NV12)
 
     def __del__(self) -> None:
-        try:
-            if self.ptr:
-                rt = self._holder.rt
-                rt.cudaFreeAsync(self.ptr, self._holder.stream.raw)
-                self.ptr = 0
-            self.event.destroy()
-        except Exception:
-            pass
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            with contextlib.suppress(Exception):
+                self._holder.give(self.width * self.height * 3 // 2, ptr, self.event)
 
 
 # ---- the decoder --------------------------------------------------------------------------------------
@@ -342,17 +377,26 @@ class NvdecDecoder:
         frame = DeviceNv12(self._holder, w, h, self.matrix, self.full_range)
         rt, stream = self._rt, self._holder.stream.raw
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        # Both copies are queued on the decoder's stream, behind the decode that wrote the surface.
-        cuda_call(
-            rt,
-            "cudaMemcpy2DAsync(luma)",
-            rt.cudaMemcpy2DAsync(frame.ptr, w, int(y["data"][0]), y_pitch, w, h, d2d, stream),
-        )
-        cuda_call(
-            rt,
-            "cudaMemcpy2DAsync(chroma)",
-            rt.cudaMemcpy2DAsync(frame.uv_ptr, w, int(uv["data"][0]), uv_pitch, w, h // 2, d2d, stream),
-        )
+        # Queued on the decoder's stream, behind the decode that wrote the surface. NVDEC's surface is
+        # usually one allocation (chroma right below luma at the same pitch): then one 2D copy does both.
+        y_ptr, uv_ptr = int(y["data"][0]), int(uv["data"][0])
+        if uv_ptr == y_ptr + y_pitch * h and uv_pitch == y_pitch:
+            cuda_call(
+                rt,
+                "cudaMemcpy2DAsync(nv12)",
+                rt.cudaMemcpy2DAsync(frame.ptr, w, y_ptr, y_pitch, w, h * 3 // 2, d2d, stream),
+            )
+        else:
+            cuda_call(
+                rt,
+                "cudaMemcpy2DAsync(luma)",
+                rt.cudaMemcpy2DAsync(frame.ptr, w, y_ptr, y_pitch, w, h, d2d, stream),
+            )
+            cuda_call(
+                rt,
+                "cudaMemcpy2DAsync(chroma)",
+                rt.cudaMemcpy2DAsync(frame.uv_ptr, w, uv_ptr, uv_pitch, w, h // 2, d2d, stream),
+            )
         frame.event.record(self._holder.stream)
         return frame
 
@@ -373,6 +417,7 @@ class NvdecDecoder:
             self._holder.stream.synchronize()
         finally:
             self._dec = None  # PyNvVideoCodec destroys the session with the object
+            self._holder.close()
 
 
 def _primary_context(device: int) -> int:
@@ -417,6 +462,7 @@ def open_reader(
             reader.decoder_reason = "a GStreamer pipeline decodes itself"
             return reader
     return NvdecReader(spec, slot, on_state, mode=decoder, device=device)
+
 
 class NvdecReader(CameraReader):
     """CameraReader whose frames are NVDEC pictures in device memory (`DeviceNv12`).
