@@ -458,6 +458,9 @@ class Agent:
                 "fps_out": round(cam.fps_out.rate(), 2),
                 "dropped": route.slot.dropped if route else 0,
                 "dropped_stale": route.stale if route else 0,  # older than models.M.max_age_ms
+                "decoder": cam.reader.decoder,  # nvdec or cpu
+                # Packets NVDEC rejected (corrupt bitstream; decoding resumed at the next key frame).
+                "decode_errors": getattr(cam.reader, "decode_errors", 0),
                 # How stale the newest result is: grows when a camera or the model stalls.
                 "frame_age_ms": None
                 if cam.last_capture_ts is None

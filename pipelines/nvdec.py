@@ -490,6 +490,7 @@ class NvdecReader(CameraReader):
         self.decode_stats = DecodeStats()  # summed over sessions
         self.sessions_open = 0  # live NVDEC sessions (0 or 1): reconnects must not leak them
         self._failed: str | None = None
+        self._session: NvdecDecoder | None = None
         if self._target.kind not in ("rtsp", "stream", "file"):
             why = f"NVDEC takes FFmpeg sources (RTSP, files), not {self._target.kind}"
             if mode == "nvdec":
@@ -498,10 +499,14 @@ class NvdecReader(CameraReader):
 
     def stats(self) -> dict[str, object]:
         out = super().stats()
-        out.update(
-            decoder=self.decoder, decoder_reason=self.decoder_reason, decode_errors=self.decode_stats.errors
-        )
+        out.update(decoder=self.decoder, decoder_reason=self.decoder_reason, decode_errors=self.decode_errors)
         return out
+
+    @property
+    def decode_errors(self) -> int:
+        """Packets NVDEC rejected, past sessions and the current one."""
+        session = self._session
+        return self.decode_stats.errors + (session.stats.errors if session is not None else 0)
 
     def _fall_back(self, reason: str) -> None:
         if self.decoder != "cpu":
@@ -549,10 +554,12 @@ class NvdecReader(CameraReader):
                 f"NVDEC session for {codec} {w}x{h} could not be created: {type(exc).__name__}: {exc}"
             )
         self.sessions_open += 1
+        self._session = decoder
         try:
             return self._stream_packets(cap, decoder)
         finally:
             decoder.close()
+            self._session = None
             self.sessions_open -= 1
             s = decoder.stats
             self.decode_stats.packets += s.packets

@@ -65,3 +65,158 @@ def test_fake_engine_matches_onnx_runtime_through_the_execution_slots(torch_engi
     finally:
         backend.close()
         ort.close()
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(axis=2)
+    area_a = (a[:, 2:] - a[:, :2]).prod(axis=1)
+    area_b = (b[:, 2:] - b[:, :2]).prod(axis=1)
+    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
+
+
+def _matched(ref, got) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """(reference boxes, of them matched by a box of the same class at IoU >= 0.5)."""
+    if len(ref) == 0:
+        return 0, 0
+    if len(got) == 0:
+        return len(ref), 0
+    iou = _iou(ref.boxes, got.boxes)
+    same = ref.class_ids[:, None] == got.class_ids[None, :]
+    return len(ref), int(((iou >= 0.5) & same).any(axis=1).sum())
+
+
+SCORE = 0.35
+
+
+@pytest.fixture(scope="module")
+def cpu_reference():  # type: ignore[no-untyped-def]
+    """The CPU path on every frame of the clip: FFmpeg decode, CPU letterbox, ONNX Runtime, postprocess."""
+    from engines.runtimes.ort import OrtBackend
+    from pipelines.models.nanodet import NanoDetAdapter
+
+    adapter = NanoDetAdapter((416, 416), 80)
+    ort = OrtBackend(str(MODEL))
+    ort.load()
+    out = []
+    for frame in _frames(250):
+        batch, boxes = adapter.preprocess([frame])
+        out += adapter.postprocess(ort.infer(batch), boxes, SCORE)
+    ort.close()
+    return out
+
+
+def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(torch_engine, cpu_reference) -> None:  # type: ignore[no-untyped-def]
+    """Decode (NVDEC) -> NV12 letterbox kernel -> engine reading the device batch -> detections, on every
+    frame of the clip in batches of 4: the same boxes as the CPU path (>= 0.95 matched, same class)."""
+    pytest.importorskip("PyNvVideoCodec")
+    from fake_torch_trt import fake_trt_backend
+
+    from pipelines.models.nanodet import NanoDetAdapter
+    from pipelines.nvdec import NvdecDecoder
+    from pipelines.preprocess_gpu import GpuLetterbox
+
+    adapter = NanoDetAdapter((416, 416), 80)
+    backend = fake_trt_backend(torch_engine, contexts=2)
+    backend.load()
+    gpu = GpuLetterbox()
+    dec = NvdecDecoder("h264")
+    cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    pictures, got = [], []
+    try:
+        while True:
+            ok, packet = cap.read()
+            if ok:
+                pictures += dec.decode(packet, bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME)))
+            else:
+                pictures += dec.flush()
+            while len(pictures) >= 4 or (not ok and pictures):
+                batch, pictures = pictures[:4], pictures[4:]
+                tensor, boxes, release = gpu.preprocess(batch, adapter.normalisation)
+                outputs = backend.infer(tensor)
+                release()
+                got += adapter.postprocess(outputs, boxes, SCORE)
+            if not ok:
+                break
+    finally:
+        cap.release()
+        dec.close()
+        gpu.close()
+        backend.close()
+    assert len(got) == len(cpu_reference)
+    totals = np.array([_matched(r, g) for r, g in zip(cpu_reference, got, strict=True)])
+    ref_boxes, matched = totals.sum(axis=0)
+    extra = sum(len(g) for g in got) - sum(len(r) for r in cpu_reference)
+    print(f"NVDEC+GPU path vs CPU path: {matched}/{ref_boxes} boxes matched, box count difference {extra}")
+    assert ref_boxes > 100
+    assert matched / ref_boxes >= 0.95
+
+
+def test_sixteen_rtsp_streams_nvdec_to_detections(torch_engine, cpu_reference, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """16 RTSP streams (the project's Annex-B server) -> NVDEC readers -> the pipelined worker with GPU
+    preprocessing -> the engine -> a sink: every camera delivers, and its detections agree with the CPU
+    path on the same clip frames (frame ids count pictures from the start of the served file)."""
+    import threading
+    import time
+
+    pytest.importorskip("PyNvVideoCodec")
+    from fake_torch_trt import fake_trt_backend
+    from test_annexb_rtsp import serve
+
+    from pipelines.models.nanodet import NanoDetAdapter
+    from pipelines.nvdec import DeviceNv12, NvdecReader
+    from pipelines.preprocess_gpu import GpuLetterbox
+    from pipelines.scheduler import CameraRoute, ModelWorker
+    from pipelines.sources import SourceSpec
+
+    path = tmp_path / "clip.h264"
+    cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    data = bytearray()
+    while True:
+        ok, packet = cap.read()
+        if not ok:
+            break
+        data += packet.tobytes()
+    path.write_bytes(bytes(data))
+    results: list = []
+    lock = threading.Lock()
+    on_device = []
+
+    def sink(result) -> None:  # type: ignore[no-untyped-def]
+        with lock:
+            results.append((result.frame.camera, result.frame.frame_id, result.detections))
+            on_device.append(isinstance(result.frame.image, DeviceNv12))
+
+    adapter = NanoDetAdapter((416, 416), 80)
+    backend = fake_trt_backend(torch_engine, contexts=2)
+    backend.load()
+    worker = ModelWorker("m", backend, adapter, [sink], max_batch=16, gpu_preprocess=GpuLetterbox())
+    readers = []
+    with serve(path, fps=25) as (url, _proc):
+        for i in range(16):
+            route = CameraRoute(f"cam{i:02d}", worker.new_slot(), None, SCORE)
+            worker.add_camera(route)
+            readers.append(NvdecReader(SourceSpec(camera=route.name, url=url), route.slot, mode="nvdec"))
+        worker.start()
+        for r in readers:
+            r.start()
+        time.sleep(12)
+        for r in readers:
+            r.request_stop()
+        for r in readers:
+            r.stop()
+        worker.stop(timeout=10)
+        worker.close_backends()
+    cameras = {c for c, _, _ in results}
+    assert cameras == {f"cam{i:02d}" for i in range(16)}
+    assert all(on_device)
+    same = [(cpu_reference[fid], dets) for _, fid, dets in results if fid < len(cpu_reference)]
+    totals = np.array([_matched(r, g) for r, g in same])
+    ref_boxes, matched = totals.sum(axis=0)
+    per_cam = {c: sum(1 for cc, _, _ in results if cc == c) for c in sorted(cameras)}
+    print(
+        f"16 streams: {len(results)} results in 12 s, per camera {min(per_cam.values())}-"
+        f"{max(per_cam.values())}; {matched}/{ref_boxes} boxes matched the CPU path"
+    )
+    assert matched / ref_boxes >= 0.95
