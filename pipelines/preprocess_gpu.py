@@ -36,11 +36,14 @@ from engines.runtimes.base import DeviceTensor
 from pipelines.preprocess import Letterbox, Normalisation, place
 
 KERNEL_NAME = "letterbox_nchw"
+NV12_KERNEL_NAME = "letterbox_nv12_nchw"
 KERNEL_SOURCE = r"""
 // One thread per output pixel (x, y) of one image: letterbox + normalise into the float32 CHW planes at
 // `dst`. The resize is OpenCV's INTER_LINEAR for uint8 (fixed point, weights in 1/2048, the vertical pass
 // as its SIMD path computes it); every float operation is explicitly rounded (no FMA contraction), so the
-// result is bit-identical to the numpy reference `letterbox_reference`.
+// result is bit-identical to the numpy reference `letterbox_reference`. The source is packed BGR
+// (`letterbox_nchw`) or an NV12 picture from NVDEC (`letterbox_nv12_nchw`), converted to BGR uint8 per
+// source pixel with OpenCV's fixed-point YUV->RGB (`nv12_to_bgr_reference`), then resized alike.
 __device__ __forceinline__ void coord(int d, double scale, float* frac, int* index) {
     float f = __double2float_rn(__dsub_rn(__dmul_rn(__dadd_rn((double)d, 0.5), scale), 0.5));
     int i = (int)floorf(f);
@@ -50,9 +53,34 @@ __device__ __forceinline__ void coord(int d, double scale, float* frac, int* ind
 
 __device__ __forceinline__ int weight(float w) { return __float2int_rn(__fmul_rn(w, 2048.f)); }
 
-extern "C" __global__ void letterbox_nchw(
-    const unsigned char* __restrict__ src, int src_h, int src_w, long long src_pitch,
-    float* __restrict__ dst, int dst_h, int dst_w,
+struct BgrSource {
+    const unsigned char* src;
+    long long pitch;
+    __device__ __forceinline__ void px(int x, int y, int* bgr) const {
+        const unsigned char* p = src + (long long)y * pitch + x * 3;
+        bgr[0] = p[0]; bgr[1] = p[1]; bgr[2] = p[2];
+    }
+};
+
+struct Nv12Source {
+    const unsigned char* luma;
+    const unsigned char* chroma;  // interleaved U, V at half resolution, same pitch as luma
+    long long pitch;
+    int cy, y_off, cvr, cvg, cug, cub;  // coefficients in 1/2^20 (OpenCV's for BT.601 limited range)
+    __device__ __forceinline__ void px(int x, int y, int* bgr) const {
+        int lum = luma[(long long)y * pitch + x];
+        const unsigned char* c = chroma + (long long)(y >> 1) * pitch + (x & ~1);
+        int u = c[0] - 128, v = c[1] - 128;
+        int yy = max(lum - y_off, 0) * cy + (1 << 19);
+        bgr[0] = min(max((yy + cub * u) >> 20, 0), 255);
+        bgr[1] = min(max((yy + cvg * v + cug * u) >> 20, 0), 255);
+        bgr[2] = min(max((yy + cvr * v) >> 20, 0), 255);
+    }
+};
+
+template <class Source>
+__device__ __forceinline__ void letterbox_pixel(
+    const Source& s, int src_h, int src_w, float* __restrict__ dst, int dst_h, int dst_w,
     int new_h, int new_w, int top, int left, double scale_x, double scale_y,
     float mul0, float mul1, float mul2, float add0, float add1, float add2,
     float pad0, float pad1, float pad2, int swap_rb)
@@ -78,18 +106,40 @@ extern "C" __global__ void letterbox_nchw(
     int y0 = min(max(sy, 0), src_h - 1), y1 = min(max(sy + 1, 0), src_h - 1);
     int a0 = weight(__fsub_rn(1.f, fx)), a1 = weight(fx);
     int b0 = weight(__fsub_rn(1.f, fy)), b1 = weight(fy);
-    const unsigned char* r0 = src + (long long)y0 * src_pitch;
-    const unsigned char* r1 = src + (long long)y1 * src_pitch;
+    int p00[3], p01[3], p10[3], p11[3];
+    s.px(sx, y0, p00); s.px(x1, y0, p01); s.px(sx, y1, p10); s.px(x1, y1, p11);
     const float mul[3] = {mul0, mul1, mul2};
     const float add[3] = {add0, add1, add2};
     for (int c = 0; c < 3; ++c) {
         int sc = swap_rb ? 2 - c : c;
-        int h0 = r0[sx * 3 + sc] * a0 + r0[x1 * 3 + sc] * a1;
-        int h1 = r1[sx * 3 + sc] * a0 + r1[x1 * 3 + sc] * a1;
+        int h0 = p00[sc] * a0 + p01[sc] * a1;
+        int h1 = p10[sc] * a0 + p11[sc] * a1;
         int v = ((((h0 >> 4) * b0) >> 16) + (((h1 >> 4) * b1) >> 16) + 2) >> 2;
         v = min(max(v, 0), 255);
         out[c * plane] = __fadd_rn(__fmul_rn((float)v, mul[c]), add[c]);
     }
+}
+
+#define LETTERBOX_ARGS \
+    float* __restrict__ dst, int dst_h, int dst_w, int new_h, int new_w, int top, int left, \
+    double scale_x, double scale_y, float mul0, float mul1, float mul2, float add0, float add1, float add2, \
+    float pad0, float pad1, float pad2, int swap_rb
+#define LETTERBOX_PASS dst, dst_h, dst_w, new_h, new_w, top, left, scale_x, scale_y, \
+    mul0, mul1, mul2, add0, add1, add2, pad0, pad1, pad2, swap_rb
+
+extern "C" __global__ void letterbox_nchw(
+    const unsigned char* __restrict__ src, int src_h, int src_w, long long src_pitch, LETTERBOX_ARGS)
+{
+    BgrSource s = {src, src_pitch};
+    letterbox_pixel(s, src_h, src_w, LETTERBOX_PASS);
+}
+
+extern "C" __global__ void letterbox_nv12_nchw(
+    const unsigned char* __restrict__ luma, const unsigned char* __restrict__ chroma, int src_h, int src_w,
+    long long src_pitch, int cy, int y_off, int cvr, int cvg, int cug, int cub, LETTERBOX_ARGS)
+{
+    Nv12Source s = {luma, chroma, src_pitch, cy, y_off, cvr, cvg, cug, cub};
+    letterbox_pixel(s, src_h, src_w, LETTERBOX_PASS);
 }
 """
 _BLOCK = (32, 8, 1)
@@ -148,7 +198,87 @@ def letterbox_reference(image: np.ndarray, norm: Normalisation) -> tuple[np.ndar
     return out, lb
 
 
+# --- NV12 (NVDEC pictures): OpenCV's YUV -> BGR, then the same letterbox --------------------------------
+# cv2.cvtColor(COLOR_YUV2BGR_NV12)'s constants (BT.601, limited range) in 1/2^20: cy, y offset, cvr, cvg,
+# cug, cub. The reference with these equals OpenCV exactly (tests/test_preprocess_gpu.py).
+OPENCV_BT601 = (1220542, 16, 1673527, -852492, -409993, 2116026)
+_KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593)}
+
+
+def yuv_coefficients(matrix: str, full_range: bool) -> tuple[int, int, int, int, int, int]:
+    """Fixed-point YUV -> RGB coefficients for a stream's matrix_coefficients and video_full_range_flag.
+
+    BT.601 limited range uses OpenCV's own constants (so NVDEC frames match the CPU path's cvtColor); the
+    others are derived the textbook way (Kr, Kb; 255/219 and 255/224 for limited range).
+    """
+    if matrix == "bt601" and not full_range:
+        return OPENCV_BT601
+    kr, kb = _KR_KB.get(matrix, _KR_KB["bt601"])
+    kg = 1.0 - kr - kb
+    y_scale, c_scale, offset = (1.0, 1.0, 0) if full_range else (255 / 219, 255 / 224, 16)
+
+    def fixed(v: float) -> int:
+        return round(v * (1 << 20))
+
+    return (
+        fixed(y_scale),
+        offset,
+        fixed(2 * (1 - kr) * c_scale),
+        fixed(-2 * (1 - kr) * kr / kg * c_scale),
+        fixed(-2 * (1 - kb) * kb / kg * c_scale),
+        fixed(2 * (1 - kb) * c_scale),
+    )
+
+
+def nv12_to_bgr_reference(
+    y: np.ndarray, uv: np.ndarray, matrix: str = "bt601", full_range: bool = False
+) -> np.ndarray:
+    """The kernel's NV12 -> BGR uint8 (chroma replicated 2x2): equals cv2.cvtColor(COLOR_YUV2BGR_NV12) for
+    BT.601 limited range. `y`: HxW, `uv`: (H/2)xW interleaved or (H/2)x(W/2)x2."""
+    cy, y_off, cvr, cvg, cug, cub = yuv_coefficients(matrix, full_range)
+    h, w = y.shape
+    uv = uv.reshape(h // 2, w // 2, 2)
+    u = np.repeat(np.repeat(uv[:, :, 0].astype(np.int64) - 128, 2, 0), 2, 1)
+    v = np.repeat(np.repeat(uv[:, :, 1].astype(np.int64) - 128, 2, 0), 2, 1)
+    yy = np.maximum(y.astype(np.int64) - y_off, 0) * cy + (1 << 19)
+    bgr = np.stack([(yy + cub * u) >> 20, (yy + cvg * v + cug * u) >> 20, (yy + cvr * v) >> 20], axis=-1)
+    return np.clip(bgr, 0, 255).astype(np.uint8)
+
+
+def nv12_letterbox_reference(
+    y: np.ndarray, uv: np.ndarray, norm: Normalisation, matrix: str = "bt601", full_range: bool = False
+) -> tuple[np.ndarray, Letterbox]:
+    """One NV12 picture through the NV12 kernel's arithmetic: (3, H, W) float32 and its Letterbox."""
+    return letterbox_reference(nv12_to_bgr_reference(y, uv, matrix, full_range), norm)
+
+
+def _is_nv12(image: Any) -> bool:
+    """An NV12 picture in device memory (pipelines.nvdec.DeviceNv12 and alike), by duck type."""
+    return hasattr(image, "uv_ptr") and hasattr(image, "event") and hasattr(image, "pitch")
+
+
 # --- the GPU side ---------------------------------------------------------------------------------------
+def _letterbox_args(
+    out: int, h: int, w: int, lb: Letterbox, new_h: int, new_w: int, norm: Normalisation
+) -> list[tuple[Any, Any]]:
+    """The kernels' shared trailing arguments (LETTERBOX_ARGS in the source)."""
+    dst_h, dst_w = norm.input_hw
+    c_int, c_float = ctypes.c_int, ctypes.c_float
+    return [
+        (out, ctypes.c_void_p),
+        (dst_h, c_int),
+        (dst_w, c_int),
+        (new_h, c_int),
+        (new_w, c_int),
+        (int(lb.pad_y), c_int),
+        (int(lb.pad_x), c_int),
+        (1.0 / (new_w / w), ctypes.c_double),  # as cv2.resize derives its scale
+        (1.0 / (new_h / h), ctypes.c_double),
+        *[(v, c_float) for v in (*norm.mul.tolist(), *norm.add.tolist(), *norm.pad.tolist())],
+        (int(norm.swap_rb), c_int),
+    ]
+
+
 @dataclass(eq=False)
 class _Buffers:
     """Device memory for one batch: the uploaded frames and the NCHW output, and its `ready` event."""
@@ -187,6 +317,7 @@ class GpuLetterbox:
         self._rt = import_cudart()
         self._module = CudaModule.compile(KERNEL_SOURCE, "letterbox.cu", ("--fmad=false",), device)
         self._kernel = self._module.function(KERNEL_NAME)
+        self._nv12_kernel = self._module.function(NV12_KERNEL_NAME)
         self._stream = Stream(self._rt)
         self._frame_ready = Event(self._rt, timing=False)  # a device frame's producer stream, waited for
         self._lock = threading.Lock()
@@ -203,8 +334,12 @@ class GpuLetterbox:
             raise ValueError("GpuLetterbox.preprocess needs at least one image")
         dst_h, dst_w = norm.input_hw
         plane_bytes = dst_h * dst_w * 4
-        sources = [_device_source(img) for img in images]
-        staging = sum(int(img.nbytes) for img, dev in zip(images, sources, strict=True) if dev is None)
+        sources = [None if _is_nv12(img) else _device_source(img) for img in images]
+        staging = sum(
+            int(img.nbytes)
+            for img, dev in zip(images, sources, strict=True)
+            if dev is None and not _is_nv12(img)
+        )
         buf = self._acquire(len(images) * 3 * plane_bytes, staging)
         try:
             boxes = self._enqueue(images, sources, norm, buf)
@@ -230,9 +365,10 @@ class GpuLetterbox:
         offset = 0
         boxes: list[Letterbox] = []
         grid_xy = ((dst_w + _BLOCK[0] - 1) // _BLOCK[0], (dst_h + _BLOCK[1] - 1) // _BLOCK[1])
-        c_int, c_float = ctypes.c_int, ctypes.c_float
-        norm_args = [(v, c_float) for v in (*norm.mul.tolist(), *norm.add.tolist(), *norm.pad.tolist())]
         for i, (img, dev) in enumerate(zip(images, sources, strict=True)):
+            if _is_nv12(img):
+                boxes.append(self._enqueue_nv12(img, norm, buf.output.ptr + i * 3 * plane_bytes, grid_xy))
+                continue
             if img.ndim != 3 or img.shape[2] != 3:
                 raise ValueError(f"GpuLetterbox: image {i} has shape {img.shape}, expected HxWx3")
             h, w = int(img.shape[0]), int(img.shape[1])
@@ -253,25 +389,38 @@ class GpuLetterbox:
                 self._stream,
                 [
                     (ptr, ctypes.c_void_p),
-                    (h, c_int),
-                    (w, c_int),
+                    (h, ctypes.c_int),
+                    (w, ctypes.c_int),
                     (pitch, ctypes.c_longlong),
-                    (out, ctypes.c_void_p),
-                    (dst_h, c_int),
-                    (dst_w, c_int),
-                    (new_h, c_int),
-                    (new_w, c_int),
-                    (int(lb.pad_y), c_int),
-                    (int(lb.pad_x), c_int),
-                    (1.0 / (new_w / w), ctypes.c_double),  # as cv2.resize derives its scale
-                    (1.0 / (new_h / h), ctypes.c_double),
-                    *norm_args,
-                    (int(norm.swap_rb), c_int),
+                    *_letterbox_args(out, h, w, lb, new_h, new_w, norm),
                 ],
             )
             boxes.append(lb)
         buf.ready.record(self._stream)
         return boxes
+
+    def _enqueue_nv12(self, pic: Any, norm: Normalisation, out: int, grid_xy: tuple[int, int]) -> Letterbox:
+        """An NVDEC picture: our stream waits for its decoder's event (no host wait), then one launch."""
+        self._stream.wait(pic.event)
+        h, w = int(pic.height), int(pic.width)
+        dst_h, dst_w = norm.input_hw
+        lb, new_w, new_h = place(h, w, dst_h, dst_w)
+        coeffs = yuv_coefficients(pic.matrix, pic.full_range)
+        self._nv12_kernel.launch(
+            (*grid_xy, 1),
+            _BLOCK,
+            self._stream,
+            [
+                (int(pic.ptr), ctypes.c_void_p),
+                (int(pic.uv_ptr), ctypes.c_void_p),
+                (h, ctypes.c_int),
+                (w, ctypes.c_int),
+                (int(pic.pitch), ctypes.c_longlong),
+                *[(c, ctypes.c_int) for c in coeffs],
+                *_letterbox_args(out, h, w, lb, new_h, new_w, norm),
+            ],
+        )
+        return lb
 
     def _wait_for_producer(self, producer: int | None) -> None:
         """Per __cuda_array_interface__ v3: work on the frame's stream must finish before we read it."""

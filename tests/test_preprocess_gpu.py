@@ -241,3 +241,122 @@ def test_worker_with_gpu_preprocessing_and_the_simulated_engine(gpu) -> None:  #
     assert worker.frames + sum(s.dropped for s in slots) == 800
     assert worker.frames == len(delivered) > 100
     assert 1 <= pooled <= engine.slots + 1
+
+
+# --- NV12 pictures (NVDEC) ---------------------------------------------------------------------------------
+NV12_SIZES = [(272, 640), (1080, 1920), (722, 1282)]
+
+
+def _nv12(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """A real picture as NV12 planes: Y (h x w) and interleaved UV ((h/2) x w)."""
+    i420 = cv2.cvtColor(_frame(h, w), cv2.COLOR_BGR2YUV_I420).reshape(-1)
+    chroma = (h // 2) * (w // 2)
+    y = i420[: h * w].reshape(h, w)
+    u = i420[h * w : h * w + chroma].reshape(h // 2, w // 2)
+    v = i420[h * w + chroma :].reshape(h // 2, w // 2)
+    return y, np.stack([u, v], axis=-1).reshape(h // 2, w)
+
+
+@pytest.mark.parametrize("hw", NV12_SIZES)
+def test_nv12_reference_is_opencvs_conversion(hw: tuple[int, int]) -> None:
+    from pipelines.preprocess_gpu import nv12_to_bgr_reference
+
+    h, w = hw
+    rng = np.random.default_rng(h)
+    for y, uv in (
+        _nv12(h, w),
+        (rng.integers(0, 256, (h, w), np.uint8), rng.integers(0, 256, (h // 2, w), np.uint8)),
+    ):
+        want = cv2.cvtColor(np.concatenate([y, uv]), cv2.COLOR_YUV2BGR_NV12)
+        np.testing.assert_array_equal(nv12_to_bgr_reference(y, uv), want)
+
+
+@pytest.mark.parametrize("matrix", ["bt601", "bt709", "bt2020"])
+@pytest.mark.parametrize("full_range", [False, True])
+def test_nv12_reference_matches_the_textbook_formula(matrix: str, full_range: bool) -> None:
+    """Within one level of the float64 formula (fixed point rounds; OpenCV's BT.601 constants differ from
+    the textbook ones in the fourth digit, which is also inside one level)."""
+    from pipelines.preprocess_gpu import _KR_KB, nv12_to_bgr_reference
+
+    rng = np.random.default_rng(1)
+    h, w = 64, 96
+    y = rng.integers(0, 256, (h, w), np.uint8)
+    uv = rng.integers(0, 256, (h // 2, w), np.uint8)
+    kr, kb = _KR_KB[matrix]
+    kg = 1 - kr - kb
+    u = np.repeat(np.repeat(uv.reshape(h // 2, w // 2, 2)[..., 0].astype(float) - 128, 2, 0), 2, 1)
+    v = np.repeat(np.repeat(uv.reshape(h // 2, w // 2, 2)[..., 1].astype(float) - 128, 2, 0), 2, 1)
+    if full_range:
+        yy, cs = y.astype(float), 1.0
+    else:
+        yy, cs = np.maximum(y.astype(float) - 16, 0) * 255 / 219, 255 / 224
+    r = yy + 2 * (1 - kr) * cs * v
+    b = yy + 2 * (1 - kb) * cs * u
+    g = yy - (2 * (1 - kr) * kr * cs * v + 2 * (1 - kb) * kb * cs * u) / kg
+    want = np.clip(np.rint(np.stack([b, g, r], -1)), 0, 255)
+    got = nv12_to_bgr_reference(y, uv, matrix, full_range).astype(float)
+    assert np.abs(got - want).max() <= 1
+
+
+class fake_nv12_picture:
+    """What pipelines.nvdec.DeviceNv12 offers the kernel: planes in device memory, a pitch, an event."""
+
+    def __init__(
+        self, y: np.ndarray, uv: np.ndarray, matrix: str, full_range: bool, pitch_pad: int = 0
+    ) -> None:
+        import cupy as cp
+
+        from engines.cuda_buffers import Event, Stream
+
+        h, w = y.shape
+        self.height, self.width, self.pitch = h, w, w + pitch_pad
+        self.matrix, self.full_range = matrix, full_range
+        self._stream = Stream()
+        with cp.cuda.Stream.null:
+            planes = cp.zeros((h * 3 // 2, self.pitch), cp.uint8)
+            planes[:h, :w] = cp.asarray(y)
+            planes[h:, :w] = cp.asarray(uv)
+            cp.cuda.Device().synchronize()
+        self._planes = planes
+        self.ptr = int(planes.data.ptr)
+        self.uv_ptr = self.ptr + h * self.pitch
+        self.event = Event(timing=False)
+        self.event.record(self._stream)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.height, self.width, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hw", NV12_SIZES)
+@pytest.mark.parametrize("colour", [("bt601", False), ("bt709", False), ("bt709", True), ("bt2020", False)])
+def test_nv12_kernel_is_the_reference_bit_for_bit(gpu, hw: tuple[int, int], colour: tuple[str, bool]) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.preprocess_gpu import nv12_letterbox_reference
+
+    norm = NORMS["nanodet"]
+    y, uv = _nv12(*hw)
+    pics = [fake_nv12_picture(y, uv, *colour), fake_nv12_picture(y, uv, *colour, pitch_pad=64)]
+    tensor, boxes, release = gpu.preprocess(pics, norm)
+    got = _download(tensor)
+    release()
+    ref, lb = nv12_letterbox_reference(y, uv, norm, *colour)
+    assert boxes == [lb, lb]
+    np.testing.assert_array_equal(got[0], ref)
+    np.testing.assert_array_equal(got[1], ref)  # a row pitch wider than the picture
+
+
+@pytest.mark.gpu
+def test_mixed_batch_of_bgr_and_nv12(gpu) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.preprocess_gpu import nv12_letterbox_reference
+
+    norm = NORMS["yolov8"]
+    y, uv = _nv12(272, 640)
+    bgr = _frame(1080, 1920)
+    for _ in range(20):
+        tensor, _, release = gpu.preprocess([fake_nv12_picture(y, uv, "bt601", False), bgr], norm)
+        got = _download(tensor)
+        release()
+    np.testing.assert_array_equal(got[0], nv12_letterbox_reference(y, uv, norm)[0])
+    np.testing.assert_array_equal(got[1], letterbox_reference(bgr, norm)[0])
+    assert gpu.pooled <= 2
