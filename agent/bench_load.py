@@ -101,7 +101,8 @@ class Readers:
         """NVDEC sessions' totals: packets, pictures, errors, host seconds inside Decode()."""
         out = {"packets": 0.0, "frames": 0.0, "errors": 0.0, "decode_s": 0.0}
         for r in self._readers:
-            stats = getattr(r, "decode_stats", None)
+            totals = getattr(r, "decode_totals", None)
+            stats = totals() if totals is not None else None
             if stats is not None:
                 for k in out:
                     out[k] += float(getattr(stats, k))

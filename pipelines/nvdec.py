@@ -502,6 +502,18 @@ class NvdecReader(CameraReader):
         out.update(decoder=self.decoder, decoder_reason=self.decoder_reason, decode_errors=self.decode_errors)
         return out
 
+    def decode_totals(self) -> DecodeStats:
+        """Packets, pictures, errors and Decode() time over past sessions and the current one (live)."""
+        session, done = self._session, self.decode_stats
+        now = session.stats if session is not None else DecodeStats()
+        return DecodeStats(
+            done.packets + now.packets,
+            done.frames + now.frames,
+            done.errors + now.errors,
+            done.decode_s + now.decode_s,
+            done.reconfigures + now.reconfigures,
+        )
+
     @property
     def decode_errors(self) -> int:
         """Packets NVDEC rejected, past sessions and the current one."""

@@ -107,7 +107,10 @@ def cpu_reference():  # type: ignore[no-untyped-def]
     return out
 
 
-def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(torch_engine, cpu_reference) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("post", ["host", "graph"])
+def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(
+    torch_engine, cpu_reference, post, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     """Decode (NVDEC) -> NV12 letterbox kernel -> engine reading the device batch -> detections, on every
     frame of the clip in batches of 4: the same boxes as the CPU path (>= 0.95 matched, same class)."""
     pytest.importorskip("PyNvVideoCodec")
@@ -118,12 +121,22 @@ def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(torch_engine, cpu_r
     from pipelines.preprocess_gpu import GpuLetterbox
 
     adapter = NanoDetAdapter((416, 416), 80)
-    backend = fake_trt_backend(torch_engine, contexts=2)
+    engine = torch_engine
+    if post == "graph":  # decode + NMS grafted onto the graph: the engine's outputs are detections
+        import onnx
+        from fake_torch_trt import fake_torch_engine
+
+        from pipelines.models.graft import decode_grafted, graft_nanodet
+
+        grafted = tmp_path / "grafted.onnx"
+        onnx.save(graft_nanodet(onnx.load(MODEL), adapter, score_threshold=SCORE, max_det=100), grafted)
+        engine = fake_torch_engine(str(grafted), max_batch=16, contexts=2)
+    backend = fake_trt_backend(engine, contexts=2)
     backend.load()
     gpu = GpuLetterbox()
     dec = NvdecDecoder("h264")
     cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
-    pictures, got = [], []
+    pictures, got, host_bytes = [], [], []
     try:
         while True:
             ok, packet = cap.read()
@@ -136,7 +149,11 @@ def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(torch_engine, cpu_r
                 tensor, boxes, release = gpu.preprocess(batch, adapter.normalisation)
                 outputs = backend.infer(tensor)
                 release()
-                got += adapter.postprocess(outputs, boxes, SCORE)
+                host_bytes.append(sum(v.nbytes for v in outputs.values()) / len(batch))
+                if post == "graph":
+                    got += decode_grafted(outputs, boxes)
+                else:
+                    got += adapter.postprocess(outputs, boxes, SCORE)
             if not ok:
                 break
     finally:
@@ -148,7 +165,10 @@ def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(torch_engine, cpu_r
     totals = np.array([_matched(r, g) for r, g in zip(cpu_reference, got, strict=True)])
     ref_boxes, matched = totals.sum(axis=0)
     extra = sum(len(g) for g in got) - sum(len(r) for r in cpu_reference)
-    print(f"NVDEC+GPU path vs CPU path: {matched}/{ref_boxes} boxes matched, box count difference {extra}")
+    print(
+        f"NVDEC+GPU path ({post} postprocess) vs CPU path: {matched}/{ref_boxes} boxes matched, box count "
+        f"difference {extra}, {np.mean(host_bytes):.0f} bytes per frame copied to the host"
+    )
     assert ref_boxes > 100
     assert matched / ref_boxes >= 0.95
 

@@ -1,0 +1,103 @@
+"""Decode + NMS grafted onto the ONNX graph (pipelines.models.graft): same detections as the CPU postprocess.
+
+ONNX Runtime runs the grafted bundled NanoDet on frames across the bundled clip; its detections must equal
+the host decode + NMS: same count, same classes, boxes within 1 px, scores within 1e-3. (TensorRT-RTX parses
+the grafted graph but its builder has no NonMaxSuppression implementation here: see README.)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pipelines.frames import Detections
+from pipelines.models.graft import OUTPUTS, decode_grafted, graft_nanodet
+from pipelines.models.nanodet import NanoDetAdapter
+
+ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
+MODEL = ASSETS / "nanodet-m-416.onnx"
+SCORE, IOU, K = 0.35, 0.5, 100
+
+
+@pytest.fixture(scope="module")
+def grafted() -> onnx.ModelProto:
+    return graft_nanodet(
+        onnx.load(MODEL), NanoDetAdapter((416, 416), 80), score_threshold=SCORE, iou_threshold=IOU, max_det=K
+    )
+
+
+def _run(session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
+    return dict(
+        zip(
+            [o.name for o in session.get_outputs()],
+            session.run(None, {session.get_inputs()[0].name: x}),
+            strict=True,
+        )
+    )
+
+
+def _sorted(d: Detections) -> Detections:
+    return d.select(np.lexsort((d.boxes[:, 1], d.boxes[:, 0], d.class_ids, -np.round(d.scores, 3))))
+
+
+def test_grafted_detections_equal_the_host_postprocess(grafted: onnx.ModelProto) -> None:
+    adapter = NanoDetAdapter((416, 416), 80)
+    host = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    graph = ort.InferenceSession(grafted.SerializeToString(), providers=["CPUExecutionProvider"])
+    cap = cv2.VideoCapture(str(ASSETS / "bikes.mp4"))
+    frames = []
+    for i in range(250):
+        ok, frame = cap.read()
+        if ok and i % 10 == 0:
+            frames.append(frame)
+    cap.release()
+    frames.append(np.zeros((272, 640, 3), np.uint8))  # nothing to detect
+    boxes_seen = 0
+    t_host = t_graph = 0.0
+    for frame in frames:
+        x, lb = adapter.preprocess([frame])
+        t0 = time.perf_counter()
+        want = adapter.postprocess(_run(host, x), lb, SCORE, IOU)[0]
+        t1 = time.perf_counter()
+        outputs = _run(graph, x)
+        got = decode_grafted(outputs, lb)[0]
+        t2 = time.perf_counter()
+        t_host, t_graph = t_host + t1 - t0, t_graph + t2 - t1
+        assert set(outputs) == set(OUTPUTS)
+        assert len(got) == len(want)
+        if len(want):
+            w, g = _sorted(want), _sorted(got)
+            np.testing.assert_array_equal(g.class_ids, w.class_ids)
+            np.testing.assert_allclose(g.scores, w.scores, atol=1e-3)
+            np.testing.assert_allclose(g.boxes, w.boxes, atol=1.0)
+        boxes_seen += len(want)
+    assert boxes_seen > 20
+    assert len(got) == 0 and outputs["det_count"][0] == 0  # the last frame was blank
+    raw = sum(int(np.prod(v.shape)) * 4 for v in _run(host, x).values())
+    small = sum(v.nbytes for v in outputs.values())
+    print(
+        f"\ngrafted NanoDet: {boxes_seen} boxes on {len(frames)} frames equal; ONNX Runtime + postprocess "
+        f"{1000 * t_host / len(frames):.2f} ms vs grafted {1000 * t_graph / len(frames):.2f} ms per frame; "
+        f"{raw} bytes of heads vs {small} bytes of detections per frame"
+    )
+    assert small < raw / 100
+
+
+def test_grafted_graph_is_valid_and_fixed_shape(grafted: onnx.ModelProto) -> None:
+    onnx.checker.check_model(grafted)
+    outs = {
+        o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+        for o in grafted.graph.output
+    }
+    assert outs == {
+        "det_boxes": ["batch", K, 4],
+        "det_scores": ["batch", K],
+        "det_classes": ["batch", K],
+        "det_count": ["batch"],
+    }
