@@ -101,3 +101,53 @@ def test_grafted_graph_is_valid_and_fixed_shape(grafted: onnx.ModelProto) -> Non
         "det_classes": ["batch", K],
         "det_count": ["batch"],
     }
+
+
+def test_the_agent_takes_a_grafted_model(grafted: onnx.ModelProto, tmp_path: Path) -> None:
+    """tools/graft_model.py's output passes the agent's preflight (one ONNX Runtime inference whose outputs
+    the format must decode) and the adapter's postprocess reads grafted outputs as detections."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "grafted.onnx"
+    subprocess.run(
+        [
+            sys.executable,
+            str(repo / "tools" / "graft_model.py"),
+            str(MODEL),
+            "--score",
+            "0.3",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=repo,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"models:\n  m: {{onnx: {out}, format: nanodet, labels: {ASSETS / 'coco.names'}, "
+        "backend: onnxruntime}\n"
+        f"cameras:\n  c: {{url: {ASSETS / 'bikes.mp4'}, model: m}}\nmqtt: {{enabled: false}}\n"
+    )
+    check = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--check-config"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    adapter = NanoDetAdapter((416, 416), 80)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    cap = cv2.VideoCapture(str(ASSETS / "bikes.mp4"))
+    _, frame = cap.read()
+    cap.release()
+    x, lb = adapter.preprocess([frame])
+    outputs = _run(session, x)
+    via_adapter = adapter.postprocess(outputs, lb, 0.3)[0]
+    direct = decode_grafted(outputs, lb)[0]
+    assert len(via_adapter) == len(direct) > 0
+    np.testing.assert_array_equal(via_adapter.boxes, direct.boxes)

@@ -54,6 +54,8 @@ class ModelAdapter(ABC):
         iou_threshold: float = 0.5,
     ) -> list[Detections]:
         """Decode, threshold, class-aware NMS, map to source pixels: one Detections per batch item."""
+        if is_grafted(outputs):  # the engine already decoded and suppressed (pipelines.models.graft)
+            return decode_grafted(outputs, letterboxes)
         per_image = self._decode(outputs, len(letterboxes), score_threshold)
         results: list[Detections] = []
         for (boxes, scores, class_ids), lb in zip(per_image, letterboxes, strict=True):
@@ -110,3 +112,28 @@ def find_output(
         shapes = {name: arr.shape for name, arr in outputs.items()}
         raise ValueError(f"{model}: no output has a dim of {width} (4/5 + num_classes); outputs: {shapes}")
     return matches[0]
+
+
+# Outputs of a graph with decode + NMS grafted on (pipelines.models.graft): detections, not head maps.
+GRAFTED_OUTPUTS = ("det_boxes", "det_scores", "det_classes", "det_count")
+
+
+def is_grafted(outputs: dict[str, np.ndarray]) -> bool:
+    return all(name in outputs for name in GRAFTED_OUTPUTS)
+
+
+def decode_grafted(outputs: dict[str, np.ndarray], letterboxes: list[Letterbox]) -> list[Detections]:
+    """Grafted outputs of a batch as Detections in source pixels (best score first). The graph applied
+    its own score threshold; callers filter per camera (min_score, classes) as for host decoding."""
+    counts = outputs["det_count"].astype(np.int64).reshape(-1)
+    out = []
+    for i, lb in enumerate(letterboxes):
+        n = int(counts[i])
+        out.append(
+            Detections(
+                unletterbox(outputs["det_boxes"][i, :n].astype(np.float32, copy=False), lb),
+                outputs["det_scores"][i, :n].astype(np.float32, copy=False),
+                outputs["det_classes"][i, :n].astype(np.int32, copy=False),
+            )
+        )
+    return out

@@ -22,11 +22,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipelines.frames import Detections
+from pipelines.models.base import GRAFTED_OUTPUTS as OUTPUTS
+from pipelines.models.base import decode_grafted
 from pipelines.models.nanodet import NanoDetAdapter
-from pipelines.preprocess import Letterbox, unletterbox
 
-OUTPUTS = ("det_boxes", "det_scores", "det_classes", "det_count")
+__all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet"]
 
 
 class _Graph:
@@ -169,20 +169,3 @@ def _ensure_opset(model: onnx.ModelProto, version: int) -> None:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx") and imp.version < version:
             imp.version = version
-
-
-def decode_grafted(outputs: dict[str, np.ndarray], letterboxes: list[Letterbox]) -> list[Detections]:
-    """The grafted outputs of a batch as Detections in source pixels (best score first)."""
-    counts = outputs["det_count"].astype(np.int64)
-    out = []
-    for i, lb in enumerate(letterboxes):
-        n = int(counts[i])
-        boxes = outputs["det_boxes"][i, :n].astype(np.float32, copy=False)
-        out.append(
-            Detections(
-                unletterbox(boxes, lb),
-                outputs["det_scores"][i, :n].astype(np.float32, copy=False),
-                outputs["det_classes"][i, :n].astype(np.int32, copy=False),
-            )
-        )
-    return out

@@ -1,0 +1,52 @@
+"""Graft decode + NMS onto a detector's ONNX file (pipelines.models.graft): its outputs become detections.
+
+    python tools/graft_model.py agent/assets/nanodet-m-416.onnx --score 0.35 --out nanodet-grafted.onnx
+
+Then point `models.M.onnx` at the grafted file (same `format`): ONNX Runtime and TensorRT builds run the
+decode and NMS inside the model, and the agent reads det_boxes/det_scores/det_classes/det_count instead of
+decoding heads on the host. The score threshold is part of the graph: use the lowest `min_score` of the
+cameras on that model (cameras filter higher on the host). NanoDet only so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import onnx
+
+from pipelines.models import make_adapter
+from pipelines.models.graft import graft_nanodet
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("onnx", type=Path)
+    p.add_argument("--format", default="nanodet", choices=["nanodet"])
+    p.add_argument("--classes", type=int, default=80)
+    p.add_argument("--score", type=float, default=0.35, help="score threshold baked into the graph")
+    p.add_argument("--iou", type=float, default=0.5)
+    p.add_argument("--max-det", type=int, default=100)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    from engines.runtimes.ort import OrtBackend
+
+    backend = OrtBackend(str(args.onnx))
+    backend.load()
+    adapter = make_adapter(args.format, backend.input_spec, args.classes)
+    backend.close()
+    grafted = graft_nanodet(
+        onnx.load(args.onnx),
+        adapter,
+        score_threshold=args.score,
+        iou_threshold=args.iou,
+        max_det=args.max_det,
+    )
+    onnx.save(grafted, args.out)
+    print(f"{args.out}: decode + NMS grafted (score >= {args.score}, IoU {args.iou}, {args.max_det} boxes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
