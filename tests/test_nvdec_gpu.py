@@ -294,3 +294,17 @@ def test_frozen_camera_is_reported_within_the_read_timeout_and_reconnects(nvc, t
         finally:
             reader.stop()
     assert reader.sessions_open == 0
+
+
+def test_caps_refuse_what_nvdec_cannot_decode_naming_it(nvc) -> None:  # type: ignore[no-untyped-def]
+    from pipelines.nvdec import stream_unsupported
+
+    assert stream_unsupported(nvc, "h264", 1920, 1080, "420", 8) is None
+    assert stream_unsupported(nvc, "hevc", 3840, 2160, "420", 10) is None
+    eight_k = stream_unsupported(nvc, "h264", 7680, 4320, "420", 8)
+    assert eight_k is not None and "7680x4320" in eight_k
+    four_four_four = stream_unsupported(nvc, "h264", 1920, 1080, "444", 8)
+    assert four_four_four is not None and "444" in four_four_four
+    mjpeg = stream_unsupported(nvc, "mjpg", 1280, 720, "422", 8)
+    assert mjpeg is not None and "mjpg" in mjpeg
+    print(f"\n{eight_k}\n{four_four_four}\n{mjpeg}")
