@@ -25,6 +25,11 @@ def nms(
         return np.zeros((0,), dtype=np.int64)
     xywh = np.asarray(boxes, dtype=np.float32).copy()
     xywh[:, 2:] -= xywh[:, :2]  # OpenCV wants x, y, w, h
+    # NMSBoxesBatched separates classes by offsetting them class_id * (max coordinate + 1), which only
+    # works for non-negative coordinates: boxes left of or above the input (negative x/y, common at the
+    # edges) of one class overlapped another class's and were suppressed by it. Shifting everything into
+    # the positive quadrant changes no IoU.
+    xywh[:, :2] -= min(float(xywh[:, :2].min()), 0.0)
     keep = cv2.dnn.NMSBoxesBatched(
         xywh,
         np.asarray(scores, dtype=np.float32),
@@ -32,9 +37,11 @@ def nms(
         # Scores are thresholded by the caller; OpenCV drops score <= this, so go below any score.
         score_threshold=-1.0,
         nms_threshold=float(iou_threshold),
-        top_k=int(max_det),
+        # OpenCV's top_k cuts the candidates before suppression (a crowded frame lost detections that
+        # survive NMS); max_det is applied to what NMS kept, as detectors define it.
+        top_k=0,
     )
-    return np.asarray(keep, dtype=np.int64).reshape(-1)
+    return np.asarray(keep, dtype=np.int64).reshape(-1)[: int(max_det)]
 
 
 def filter_detections(dets: Detections, class_mask: np.ndarray | None, min_score: float) -> Detections:

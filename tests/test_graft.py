@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from pipelines.frames import Detections
-from pipelines.models.graft import OUTPUTS, decode_grafted, graft_nanodet
+from pipelines.models.graft import OUTPUTS, decode_grafted, graft_nanodet, graft_postprocess
 from pipelines.models.nanodet import NanoDetAdapter
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
@@ -151,3 +151,38 @@ def test_the_agent_takes_a_grafted_model(grafted: onnx.ModelProto, tmp_path: Pat
     direct = decode_grafted(outputs, lb)[0]
     assert len(via_adapter) == len(direct) > 0
     np.testing.assert_array_equal(via_adapter.boxes, direct.boxes)
+
+
+@pytest.mark.parametrize("fmt", ["yolov8", "yolov8-transposed", "yolov5"])
+def test_yolo_grafts_equal_the_host_postprocess(fmt: str, tmp_path: Path) -> None:
+    """400 random overlapping boxes over 3 classes (plenty for NMS to suppress), through each YOLO layout."""
+    from test_yolo_decoders import _const_output_model
+
+    from engines.runtimes.ort import OrtBackend
+    from pipelines.models import make_adapter
+
+    rng = np.random.default_rng(5)
+    n, nc = 400, 3
+    boxes = np.concatenate([rng.uniform(0, 320, (n, 2)), rng.uniform(10, 80, (n, 2))], 1).astype(np.float32)
+    cls = rng.uniform(0, 1, (n, nc)).astype(np.float32)
+    if fmt == "yolov5":
+        pred = np.concatenate([boxes, rng.uniform(0.3, 1, (n, 1)).astype(np.float32), cls], 1)[None]
+    elif fmt == "yolov8":
+        pred = np.concatenate([boxes, cls], 1).T[None]
+    else:
+        pred = np.concatenate([boxes, cls], 1)[None]
+    path = _const_output_model(tmp_path / "m.onnx", np.ascontiguousarray(pred))
+    with OrtBackend(path) as backend:
+        adapter = make_adapter(fmt.split("-")[0], backend.input_spec, num_classes=nc)
+        x, lb = adapter.preprocess([np.zeros((480, 640, 3), np.uint8)])
+        want = adapter.postprocess(backend.infer(x), lb, 0.25, 0.5)[0]
+    grafted = graft_postprocess(
+        onnx.load(path), adapter, score_threshold=0.25, iou_threshold=0.5, max_det=300
+    )
+    session = ort.InferenceSession(grafted.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = decode_grafted(_run(session, x), lb)[0]
+    assert len(want) > 20 and len(got) == len(want)
+    w, g = _sorted(want), _sorted(got)
+    np.testing.assert_array_equal(g.class_ids, w.class_ids)
+    np.testing.assert_allclose(g.scores, w.scores, atol=1e-3)
+    np.testing.assert_allclose(g.boxes, w.boxes, atol=1.0)

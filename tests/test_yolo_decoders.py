@@ -201,3 +201,18 @@ def test_load_labels_errors_name_the_path(tmp_path: Path) -> None:
     blank.write_text("\n  \n")
     with pytest.raises(ValueError, match=r"blank\.names"):
         load_labels(blank)
+
+
+def test_nms_keeps_classes_apart_at_negative_coordinates_and_cuts_after_suppression() -> None:
+    # Two classes, boxes poking out left of the input: OpenCV's batched NMS offsets classes by the max
+    # coordinate, which let a class-1 box at negative x land on class-0 boxes (found against the grafted
+    # graph's per-class NMS).
+    boxes = np.array([[-30, 0, 10, 40], [300, 0, 340, 40], [-30, 0, 10, 40]], np.float32)
+    keep = nms(boxes, np.array([0.9, 0.8, 0.7], np.float32), np.array([1, 0, 0], np.int32), 0.5)
+    assert sorted(keep.tolist()) == [0, 1, 2]
+    # 10 identical boxes (one survives) + 5 separate ones, max_det 3: NMS first, then the best 3.
+    same = np.tile(np.array([[0, 0, 10, 10]], np.float32), (10, 1))
+    apart = np.array([[100 * i, 100, 100 * i + 10, 110] for i in range(1, 6)], np.float32)
+    scores = np.concatenate([np.linspace(0.99, 0.9, 10), np.linspace(0.8, 0.7, 5)]).astype(np.float32)
+    keep = nms(np.concatenate([same, apart]), scores, np.zeros(15, np.int32), 0.5, max_det=3)
+    assert keep.tolist() == [0, 10, 11]

@@ -5,7 +5,7 @@
 Then point `models.M.onnx` at the grafted file (same `format`): ONNX Runtime and TensorRT builds run the
 decode and NMS inside the model, and the agent reads det_boxes/det_scores/det_classes/det_count instead of
 decoding heads on the host. The score threshold is part of the graph: use the lowest `min_score` of the
-cameras on that model (cameras filter higher on the host). NanoDet only so far.
+cameras on that model (cameras filter higher on the host). NanoDet, YOLOv8/YOLO11 and YOLOv5 layouts.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 import onnx
 
 from pipelines.models import make_adapter
-from pipelines.models.graft import graft_nanodet
+from pipelines.models.graft import graft_postprocess
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("onnx", type=Path)
-    p.add_argument("--format", default="nanodet", choices=["nanodet"])
+    p.add_argument("--format", default="nanodet", help="nanodet, yolov8 (yolo11), yolov5")
     p.add_argument("--classes", type=int, default=80)
     p.add_argument("--score", type=float, default=0.35, help="score threshold baked into the graph")
     p.add_argument("--iou", type=float, default=0.5)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     backend.load()
     adapter = make_adapter(args.format, backend.input_spec, args.classes)
     backend.close()
-    grafted = graft_nanodet(
+    grafted = graft_postprocess(
         onnx.load(args.onnx),
         adapter,
         score_threshold=args.score,

@@ -23,10 +23,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipelines.models.base import GRAFTED_OUTPUTS as OUTPUTS
-from pipelines.models.base import decode_grafted
+from pipelines.models.base import ModelAdapter, decode_grafted
 from pipelines.models.nanodet import NanoDetAdapter
+from pipelines.models.yolov5 import YoloV5Adapter
+from pipelines.models.yolov8 import YoloV8Adapter
 
-__all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet"]
+__all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet", "graft_postprocess"]
 
 
 class _Graph:
@@ -48,18 +50,47 @@ class _Graph:
         return name
 
 
-def graft_nanodet(
+def graft_postprocess(
     model: onnx.ModelProto,
-    adapter: NanoDetAdapter,
+    adapter: ModelAdapter,
     *,
     score_threshold: float,
     iou_threshold: float = 0.5,
     max_det: int = 100,
 ) -> onnx.ModelProto:
-    """A copy of the NanoDet model whose outputs are OUTPUTS (see the module docstring)."""
+    """A copy of the model whose outputs are OUTPUTS (see the module docstring): NanoDet, YOLOv5, YOLOv8."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    _ensure_opset(model, 13)
     g = _Graph(model.graph)
     shapes = _output_shapes(model)
+    if isinstance(adapter, NanoDetAdapter):
+        boxes, scores = _nanodet_heads(g, adapter, shapes)
+    elif isinstance(adapter, YoloV8Adapter):
+        boxes, scores = _yolo_heads(g, adapter, shapes, objectness=False)
+    elif isinstance(adapter, YoloV5Adapter):
+        boxes, scores = _yolo_heads(g, adapter, shapes, objectness=True)
+    else:
+        raise ValueError(f"graft: no graph decoding for {type(adapter).__name__}")
+    _tail(g, boxes, scores, adapter.num_classes, score_threshold, iou_threshold, max_det, _opset(model))
+    del model.graph.output[:]
+    b = "batch"
+    model.graph.output.extend(
+        [
+            helper.make_tensor_value_info("det_boxes", TensorProto.FLOAT, [b, max_det, 4]),
+            helper.make_tensor_value_info("det_scores", TensorProto.FLOAT, [b, max_det]),
+            helper.make_tensor_value_info("det_classes", TensorProto.INT32, [b, max_det]),
+            helper.make_tensor_value_info("det_count", TensorProto.INT32, [b]),
+        ]
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+graft_nanodet = graft_postprocess  # the first adapter it was written for
+
+
+def _nanodet_heads(g: _Graph, adapter: NanoDetAdapter, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str]:
+    """(boxes (B, N, 4) x1y1x2y2, scores (B, N, C)) from the GFL heads, as NanoDetAdapter._decode."""
     # The adapter pairs score and box maps and finds each level's stride; zeros of the right shapes suffice.
     dummies = {name: np.zeros((1, *shape[1:]), np.float32) for name, shape in shapes.items()}
     names = {id(arr): name for name, arr in dummies.items()}
@@ -76,11 +107,65 @@ def graft_nanodet(
         corners = g.const(np.concatenate([centre, centre], 1)[None], "centre")  # (1, n, 4): cx cy cx cy
         box_parts.append(g.op("Add", [corners, g.op("Mul", [dist, sign])]))
         score_parts.append(names[id(score_map)])
-    boxes = g.op("Concat", box_parts, axis=1)  # (B, N, 4)
-    scores = g.op("Concat", score_parts, axis=1)  # (B, N, C)
-    best = g.op("ReduceMax", [scores], axes=[2], keepdims=0)  # (B, N)
+    return g.op("Concat", box_parts, axis=1), g.op("Concat", score_parts, axis=1)
+
+
+# cx, cy, w, h -> x1, y1, x2, y2 as one MatMul (the zeros add nothing, so the values equal the host's).
+_CXCYWH_TO_XYXY = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [-0.5, 0, 0.5, 0], [0, -0.5, 0, 0.5]], np.float32)
+
+
+def _yolo_heads(
+    g: _Graph, adapter: ModelAdapter, shapes: dict[str, tuple[int, ...]], *, objectness: bool
+) -> tuple[str, str]:
+    """YOLOv8 (B, 4 + C, N) or (B, N, 4 + C); YOLOv5 (B, N, 5 + C) with score = objectness x class."""
+    width = (5 if objectness else 4) + adapter.num_classes
+    name, shape = next(
+        (
+            (n, s)
+            for n, s in shapes.items()
+            if len(s) == 3 and (s[2] == width or (not objectness and s[1] == width))
+        ),
+        (None, None),
+    )
+    if name is None or shape is None:
+        raise ValueError(f"graft: no output of width {width} among {shapes}")
+    pred = name if shape[2] == width else g.op("Transpose", [name], perm=[0, 2, 1])  # (B, N, width)
+
+    def cols(lo: int, hi: int) -> str:
+        return g.op(
+            "Slice",
+            [
+                pred,
+                g.const(np.array([lo], np.int64), "lo"),
+                g.const(np.array([hi], np.int64), "hi"),
+                g.const(np.array([2], np.int64), "axis"),
+            ],
+        )
+
+    boxes = g.op("MatMul", [cols(0, 4), g.const(_CXCYWH_TO_XYXY, "xyxy")])
+    scores = cols(width - adapter.num_classes, width)
+    if objectness:
+        scores = g.op("Mul", [cols(4, 5), scores])  # obj >= 0: the best class is the best class score's
+    return boxes, scores
+
+
+def _tail(
+    g: _Graph,
+    boxes: str,
+    scores: str,
+    num_classes: int,
+    score_threshold: float,
+    iou_threshold: float,
+    max_det: int,
+    opset: int,
+) -> None:
+    """Best class per anchor, class-aware NMS, top K: the OUTPUTS, written into the graph."""
+    if opset >= 18:  # ReduceMax takes its axes as an input from opset 18
+        best = g.op("ReduceMax", [scores, g.const(np.array([2], np.int64), "axes")], keepdims=0)
+    else:
+        best = g.op("ReduceMax", [scores], axes=[2], keepdims=0)  # (B, N)
     best_class = g.op("ArgMax", [scores], axis=2, keepdims=1)  # (B, N, 1)
-    classes = g.const(np.arange(adapter.num_classes, dtype=np.int64), "classes")
+    classes = g.const(np.arange(num_classes, dtype=np.int64), "classes")
     only_best = g.op("Equal", [best_class, classes])  # (B, N, C)
     masked = g.op("Where", [only_best, scores, g.const(np.zeros((), np.float32), "zero")])
     per_class = g.op("Transpose", [masked], perm=[0, 2, 1])  # (B, C, N) for NonMaxSuppression
@@ -105,7 +190,7 @@ def graft_nanodet(
     kept = g.op("Mul", [best, keep])  # (B, N): suppressed and below-threshold anchors are 0
     k = g.const(np.array([max_det], np.int64), "topk")
     top_scores = g.op("TopK", [kept, k], axis=1, out="graft/top_scores")
-    model.graph.node[-1].output.append("graft/top_index")
+    g.graph.node[-1].output.append("graft/top_index")  # TopK's second output: the indices
     index = "graft/top_index"
     valid = g.op("Greater", [top_scores, g.const(np.zeros((), np.float32), "z3")])
     g.op("Where", [valid, top_scores, g.const(np.zeros((), np.float32), "z4")], out="det_scores")
@@ -138,19 +223,6 @@ def graft_nanodet(
         to=6,
         out="det_count",
     )
-    del model.graph.output[:]
-    b = "batch"
-    model.graph.output.extend(
-        [
-            helper.make_tensor_value_info("det_boxes", TensorProto.FLOAT, [b, max_det, 4]),
-            helper.make_tensor_value_info("det_scores", TensorProto.FLOAT, [b, max_det]),
-            helper.make_tensor_value_info("det_classes", TensorProto.INT32, [b, max_det]),
-            helper.make_tensor_value_info("det_count", TensorProto.INT32, [b]),
-        ]
-    )
-    _ensure_opset(model, 13)
-    onnx.checker.check_model(model)
-    return model
 
 
 def _output_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -162,6 +234,10 @@ def _output_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
     outs = session.run(None, {inp.name: np.zeros(shape, np.float32)})
     return {o.name: tuple(v.shape) for o, v in zip(session.get_outputs(), outs, strict=True)}
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 13)
 
 
 def _ensure_opset(model: onnx.ModelProto, version: int) -> None:
