@@ -249,9 +249,9 @@ class CommandRouter:
             self._tokens -= 1
             return True
 
-    def screen(self, action: str, raw: bytes, retained: bool) -> str | None:
+    def screen(self, action: str, raw: bytes, retained: bool, shared: bool = False) -> str | None:
         """On the network thread, cheap: None to go on with `handle`, else why the message is ignored
-        ("retained": the caller clears it; "empty"; "bad action")."""
+        ("retained": the caller clears it unless `shared`, a fleet topic; "empty"; "bad action")."""
         if not _ACTION.match(action):
             self._count("dropped")
             self._log(logging.WARNING, "bad-action", "MQTT command with an invalid action name dropped")
@@ -260,10 +260,11 @@ class CommandRouter:
             return "empty"
         if retained:
             self._count("retained_ignored")
+            done = "ignored (left on the shared fleet topic)" if shared else "ignored and cleared"
             self._log(
                 logging.WARNING,
                 f"retained-{action}",
-                f"command {action}: retained message ignored and cleared (retained commands would run "
+                f"command {action}: retained message {done} (retained commands would run "
                 "again at every connect; publish commands with retain=false)",
             )
             return "retained"

@@ -33,6 +33,16 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # safe inside an MQTT topic level
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a device id or a fleet group (one topic level), or None. A leading '_' is
+    reserved for the fleet's shared topics ({prefix}/_all, {prefix}/_group)."""
+    if not _NAME.match(name):
+        return "may only hold letters, digits, '_', '-' and '.'"
+    if name.startswith("_"):
+        return "must not start with '_' (reserved for the fleet topics _all and _group)"
+    return None
+
+
 class ConfigError(ValueError):
     """A configuration problem; the message names the file and the key path."""
 
@@ -219,6 +229,19 @@ class MqttConfig(_Strict):
     reconnect_max_s: float = Field(4.0, gt=0, le=300)
     # MQTT commands this agent accepts (cmd/<action>); others are answered "disabled".
     commands: list[Literal["rebuild", "reload", "snapshot"]] = ["rebuild", "reload", "snapshot"]
+    # Fleet groups: the agent also takes commands on {prefix}/_group/<name>/cmd/+ (and always {prefix}/_all).
+    groups: list[str] = Field(default_factory=list, max_length=32)
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            problem = name_problem(name)
+            if problem is not None:
+                raise ValueError(f"entry {i + 1}: {problem}")
+        if len(set(v)) != len(v):
+            raise ValueError("names must be unique")
+        return v
 
     @field_validator("prefix")
     @classmethod
@@ -318,8 +341,9 @@ class AgentConfig(_Strict):
     @field_validator("device_id")
     @classmethod
     def _device(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("may only hold letters, digits, '_', '-' and '.'")
+        problem = name_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
@@ -397,6 +421,7 @@ _MESSAGES = {
     "model_type": lambda e: "must be a mapping",
     "list_type": lambda e: "must be a list",
     "string_pattern_mismatch": lambda e: f"must match {e['ctx']['pattern']}",
+    "too_long": lambda e: f"at most {e['ctx']['max_length']} entries",
 }
 
 

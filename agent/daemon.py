@@ -148,6 +148,7 @@ class Agent:
             quiet=self._quiet_mqtt,
             commands=self.commands,
             answer=self._publish_answer,
+            groups=cfg.mqtt.groups,
         )
         client.watch(node_filter(cfg), self._on_discovery_config)
         return client
@@ -337,7 +338,8 @@ class Agent:
     def _publish_answer(self, answer: Answer) -> None:
         # Through the client in use now: a reload may have replaced the one the command came in on.
         if self.mqtt is not None:
-            body = payload("cmd-result", **answer.body())
+            # `device`: a fleet command (_all, _group/<g>) is answered by many devices, each on its own topic.
+            body = payload("cmd-result", **{**answer.body(), "device": self.topics.device})
             self.mqtt.publish(self.topics.cmd_result(answer.action), body, qos=1, kind="event")
 
     def _cmd_rebuild(self, req: RebuildRequest) -> dict:

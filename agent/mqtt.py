@@ -42,10 +42,11 @@ import collections
 import logging
 import random
 import re
+import secrets
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -174,6 +175,7 @@ class MqttClient:
         reconnect_max_delay: float = 4.0,
         commands: CommandRouter | None = None,
         answer: Callable[[Answer], None] | None = None,
+        groups: Iterable[str] = (),
     ) -> None:
         if qos not in (0, 1, 2):
             raise MqttError(f"mqtt qos: must be 0, 1 or 2, got {qos!r}")
@@ -190,7 +192,13 @@ class MqttClient:
         self.topics = topics
         self.host, self.port, self.keepalive = host, port, keepalive
         self.tls: TlsOptions | None = TlsOptions() if tls is True else (tls or None)
-        self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}"
+        # A random suffix per client: two processes with one device id (a copied config, a restart while
+        # the old process still runs) must not take each other's session at the broker in turn forever.
+        suffix = secrets.token_hex(3)
+        self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}-{suffix}"
+        # Fleet commands ({prefix}/_all, {prefix}/_group/<g>): same router, answered on our own result topic.
+        self.groups = tuple(groups)
+        self._fleet_filters = topics.fleet_filters(self.groups)
         self.qos = qos
         self._auth = username is not None
         self._birth = birth
@@ -443,7 +451,7 @@ class MqttClient:
             self._link_up = True
         try:
             self._reclaim_unacked()
-            for topic_filter in (self.topics.cmd_filter, *self._watches):
+            for topic_filter in (self.topics.cmd_filter, *self._fleet_filters, *self._watches):
                 result, _mid = client.subscribe(topic_filter, qos=1)
                 if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
                     log.warning("MQTT subscribe %s failed: %s", topic_filter, paho.error_string(result))
@@ -636,14 +644,18 @@ class MqttClient:
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         try:
             action = self.topics.action_of(msg.topic)
+            shared = False
+            if action is None:
+                action = self.topics.fleet_action_of(msg.topic, self.groups)
+                shared = action is not None
             if action is None:
                 for topic_filter, callback in self._watches.items():
                     if paho.topic_matches_sub(topic_filter, msg.topic):
                         callback(msg.topic, bytes(msg.payload))
                 return
             raw = bytes(msg.payload)
-            why = self.commands.screen(action, raw, bool(msg.retain))
-            if why == "retained":
+            why = self.commands.screen(action, raw, bool(msg.retain), shared=shared)
+            if why == "retained" and not shared:  # a shared topic is not ours to clear
                 self._send(msg.topic, b"", 1, True)  # an empty retained message deletes it at the broker
             if why is None:
                 self.commands.submit(action, raw, self._answer)
@@ -651,4 +663,5 @@ class MqttClient:
             log.exception("MQTT command on %s failed", msg.topic)
 
     def _answer(self, answer: Answer) -> None:
-        self.publish(self.topics.cmd_result(answer.action), payload("cmd-result", **answer.body()), qos=1)
+        body = payload("cmd-result", **{**answer.body(), "device": self.topics.device})
+        self.publish(self.topics.cmd_result(answer.action), body, qos=1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,9 @@ SCHEMAS: dict[str, str] = {
 }
 
 _FORBIDDEN = ("+", "#", "/", "\x00")
+# Fleet topic levels next to the device ids (which therefore may not start with '_', agent.config).
+FLEET_ALL = "_all"
+FLEET_GROUP = "_group"
 
 
 def check_name(value: str, what: str) -> str:
@@ -108,6 +112,28 @@ class Topics:
             return None
         action = topic[len(head) :]
         return action if action and "/" not in action else None
+
+    # ---- fleet: commands shared by many devices, answered on each device's own cmd/<action>/result ----
+    def fleet_filters(self, groups: Iterable[str] = ()) -> tuple[str, ...]:
+        """``{prefix}/_all/cmd/+`` and ``{prefix}/_group/<g>/cmd/+`` for each group."""
+        return (
+            f"{self.prefix}/{FLEET_ALL}/cmd/+",
+            *(f"{self.prefix}/{FLEET_GROUP}/{check_name(g, 'group')}/cmd/+" for g in groups),
+        )
+
+    def fleet_action_of(self, topic: str, groups: Collection[str] = ()) -> str | None:
+        """The action of an inbound fleet command (``_all`` or one of ``groups``), None for other topics."""
+        head = f"{self.prefix}/"
+        if not topic.startswith(head):
+            return None
+        levels = topic[len(head) :].split("/")
+        if len(levels) == 3 and levels[0] == FLEET_ALL and levels[1] == "cmd":
+            action = levels[2]
+        elif len(levels) == 4 and levels[0] == FLEET_GROUP and levels[1] in groups and levels[2] == "cmd":
+            action = levels[3]
+        else:
+            return None
+        return action or None
 
 
 def _to_json(obj: Any) -> Any:
