@@ -166,6 +166,37 @@ def cmd_install_service(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    """The fleet table from the broker's retained messages (agent.fleet); broker settings from --config's
+    mqtt section, overridden by the flags."""
+    import json
+
+    from agent.fleet import FleetError, collect, render, rows
+    from agent.mqtt import MqttError, read_password_file
+
+    host, port, prefix, username, password, tls = "localhost", 1883, "edge-agent", None, None, None
+    if args.config:
+        m = load_config(args.config).mqtt
+        host, port, prefix, username = m.host, m.port, m.prefix, m.username
+        password = m.read_password()
+        tls = m.tls.options() if m.tls is not None else None
+    host = args.mqtt_host or host
+    port = args.mqtt_port or port
+    prefix = args.prefix or prefix
+    username = args.username or username
+    try:
+        if args.password_file:
+            password = read_password_file(args.password_file)
+        table = rows(
+            collect(host, port, prefix, username=username, password=password, tls=tls, quiet_s=args.wait)
+        )
+    except (FleetError, MqttError) as exc:
+        print(f"edge-agent fleet status: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(table, indent=2) if args.json else render(table))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-agent", description="Video analytics node: cameras -> detection -> MQTT"
@@ -261,6 +292,21 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--user", default="edge-agent", help="service user (default: edge-agent)")
     ins.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     ins.set_defaults(func=cmd_install_service)
+
+    fl = sub.add_parser("fleet", help="the agents on a broker (no fleet server: retained MQTT messages)")
+    fl_sub = fl.add_subparsers(dest="fleet_command", required=True)
+    fs = fl_sub.add_parser(
+        "status", help="table of every agent: state, version, cameras up, fps, engines, TensorRT, last seen"
+    )
+    fs.add_argument("-c", "--config", help="take broker, credentials, TLS and prefix from this agent.yaml")
+    fs.add_argument("--mqtt-host", help="broker host (default: the config's, else localhost)")
+    fs.add_argument("--mqtt-port", type=int, help="broker port (default: the config's, else 1883)")
+    fs.add_argument("--prefix", help="topic prefix (default: the config's, else edge-agent)")
+    fs.add_argument("--username")
+    fs.add_argument("--password-file")
+    fs.add_argument("--wait", type=float, default=0.5, metavar="S", help="stop after S quiet seconds (0.5)")
+    fs.add_argument("--json", action="store_true", help="one JSON object per agent instead of the table")
+    fs.set_defaults(func=cmd_fleet_status)
 
     b = sub.add_parser(
         "bench",

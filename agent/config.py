@@ -231,6 +231,17 @@ class MqttConfig(_Strict):
     commands: list[Literal["rebuild", "reload", "snapshot"]] = ["rebuild", "reload", "snapshot"]
     # Fleet groups: the agent also takes commands on {prefix}/_group/<name>/cmd/+ (and always {prefix}/_all).
     groups: list[str] = Field(default_factory=list, max_length=32)
+    # Also take {prefix}/_any/cmd/+ and {prefix}/_group/<g>/any/cmd/+ through MQTT shared subscriptions
+    # ($share/...): each such command goes to one agent of the fleet / group. Off: not every broker has them.
+    shared_subscriptions: bool = False
+    # MQTT 5 (default) lets the broker say why it refuses a publish (an ACL); 3.1.1 for brokers without it.
+    protocol: Literal["5", "3.1.1"] = "5"
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol(cls, v: object) -> object:
+        # YAML reads `protocol: 5` as an integer and `protocol: 3.1.1` as a string.
+        return "5" if v == 5 and not isinstance(v, bool) else v
 
     @field_validator("groups")
     @classmethod

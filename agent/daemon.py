@@ -149,6 +149,8 @@ class Agent:
             commands=self.commands,
             answer=self._publish_answer,
             groups=cfg.mqtt.groups,
+            shared=cfg.mqtt.shared_subscriptions,
+            protocol=cfg.mqtt.protocol,
         )
         client.watch(node_filter(cfg), self._on_discovery_config)
         return client
@@ -320,7 +322,7 @@ class Agent:
 
     def _publish_status(self) -> None:
         if self.mqtt is not None:
-            body = payload("status", **self._status_fields())
+            body = self.mqtt.status_payload(self._status_fields())
             self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
 
     def _publish_engine(self, model: str, fields: dict) -> None:

@@ -39,6 +39,7 @@ Connection model:
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import random
 import re
@@ -52,6 +53,7 @@ from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.commands import Answer, CommandRouter, Handler
 from agent.tls import TlsFileError, TlsOptions, client_context, describe_tls_failure
@@ -63,6 +65,10 @@ Kind = Literal["state", "event"]
 BirthProvider = Callable[[], Mapping[str, Any]]
 
 _FLUSH_BATCH = 64  # events taken from the offline queue per lock acquisition during a flush
+_MID_TRACK = 1024  # QoS>=1 publishes whose topic is kept until the broker acknowledges (or refuses) them
+_REPORTED_MAX = 256  # distinct refused topics logged; later ones are only counted
+_DUPLICATES_MAX = 16
+PROTOCOLS = ("5", "3.1.1")
 
 
 class _DemotePahoErrors(logging.Filter):
@@ -146,6 +152,11 @@ _AUTH_REFUSALS = ("Not authorized", "Bad user name or password")
 _ERRNO = re.compile(r"^\[Errno -?\d+\] ")
 
 
+def _reason_name(code: Any) -> str:
+    name = code.getName() if hasattr(code, "getName") else str(code)
+    return f"{name} (0x{int(getattr(code, 'value', 0)):02x})"
+
+
 def _os_reason(error: OSError | None) -> str:
     if error is None:
         return "connection failed"
@@ -176,7 +187,11 @@ class MqttClient:
         commands: CommandRouter | None = None,
         answer: Callable[[Answer], None] | None = None,
         groups: Iterable[str] = (),
+        shared: bool = False,
+        protocol: str = "5",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise MqttError(f"mqtt protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if qos not in (0, 1, 2):
             raise MqttError(f"mqtt qos: must be 0, 1 or 2, got {qos!r}")
         if not 1 <= port <= 65535:
@@ -192,13 +207,17 @@ class MqttClient:
         self.topics = topics
         self.host, self.port, self.keepalive = host, port, keepalive
         self.tls: TlsOptions | None = TlsOptions() if tls is True else (tls or None)
-        # A random suffix per client: two processes with one device id (a copied config, a restart while
-        # the old process still runs) must not take each other's session at the broker in turn forever.
-        suffix = secrets.token_hex(3)
-        self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}-{suffix}"
-        # Fleet commands ({prefix}/_all, {prefix}/_group/<g>): same router, answered on our own result topic.
+        # One id per process, in the client id and every status payload. Random client ids: two processes with
+        # one device id (a copied config, a restart while the old process still runs) must not take each
+        # other's session at the broker in turn forever; the instance in `status` tells them apart (below).
+        self.instance = secrets.token_hex(4)
+        self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}-{self.instance}"
+        self.protocol = protocol
+        # Fleet commands ({prefix}/_all, {prefix}/_group/<g>): same router, answered on our own result topic;
+        # with `shared`, also the "any one agent" topics through MQTT shared subscriptions ($share/...).
         self.groups = tuple(groups)
-        self._fleet_filters = topics.fleet_filters(self.groups)
+        self.shared = shared
+        self._fleet_filters = topics.fleet_filters(self.groups, shared=shared)
         self.qos = qos
         self._auth = username is not None
         self._birth = birth
@@ -226,8 +245,18 @@ class MqttClient:
         self._states: dict[str, tuple[bytes, int]] = {}  # latest retained payload per topic
         self._pending_states: dict[str, tuple[bytes, int]] = {}  # changed while offline, not yet sent
         self._events: collections.deque[tuple[str, bytes, int]] = collections.deque(maxlen=offline_queue)
-        counters = ("dropped_offline", "published", "reconnects", "errors", "connect_failures")
+        counters = ("dropped_offline", "published", "reconnects", "errors", "connect_failures", "refused")
         self._counts = dict.fromkeys(counters, 0)
+        # Broker refusals (MQTT 5 PUBACK/SUBACK reason codes, e.g. an ACL): mid -> topic until acknowledged.
+        # Own lock, never held while calling paho (paho calls on_publish holding its callback mutex).
+        self._mid_lock = threading.Lock()
+        self._mid_topics: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self._early_refusals: dict[int, str] = {}  # refused before _send recorded the mid
+        self._sub_filters: dict[int, tuple[str, ...]] = {}
+        self._reported: set[str] = set()
+        self._last_refused: str | None = None
+        # Other processes publishing as this device id: instance -> time last seen (see _on_own_status).
+        self._duplicates: dict[str, float] = {}
 
         # Shared by the daemon across reconnections to another broker; answers go out through `answer`
         # (default: this client), so a command that replaced this client is still answered.
@@ -237,12 +266,17 @@ class MqttClient:
         if answer is not None:
             self._answer = answer  # type: ignore[method-assign]
 
-        c = _Paho(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            clean_session=True,
-            protocol=paho.MQTTv311,
-        )
+        if protocol == "5":
+            # MQTT 5: the broker says why it refuses a publish or a subscription (reason codes), which
+            # is how an ACL that is too tight gets reported instead of messages vanishing silently.
+            c = _Paho(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
+        else:
+            c = _Paho(
+                CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                clean_session=True,
+                protocol=paho.MQTTv311,
+            )
         # A bug in a callback must not kill paho's network thread (it would silently stop reconnecting).
         c.suppress_exceptions = True
         c.enable_logger(_paho_log)
@@ -256,6 +290,8 @@ class MqttClient:
         c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
+        c.on_publish = self._on_publish
+        c.on_subscribe = self._on_subscribe
         c.on_log = self._on_paho_log
         self._client = c
         self._started = False
@@ -290,7 +326,10 @@ class MqttClient:
         self._started = True
         self._refresh_will()  # the owner is set up by now (cameras opened): the will names them
         try:
-            self._client.connect_async(self.host, self.port, keepalive=self.keepalive)
+            if self.protocol == "5":  # a clean session every time, as clean_session=True in 3.1.1
+                self._client.connect_async(self.host, self.port, keepalive=self.keepalive, clean_start=True)
+            else:
+                self._client.connect_async(self.host, self.port, keepalive=self.keepalive)
         except (OSError, ValueError) as exc:  # e.g. an invalid host string
             raise MqttError(f"mqtt host {self.host!r} port {self.port}: {exc}") from None
         if self._own_router:
@@ -404,12 +443,15 @@ class MqttClient:
 
     def _send(self, topic: str, body: bytes, qos: int, retain: bool) -> None:
         try:
-            rc = self._client.publish(topic, body, qos=qos, retain=retain).rc
+            info = self._client.publish(topic, body, qos=qos, retain=retain)
         except Exception as exc:  # paho raises for what publish() validated; never on the flush path
             with self._lock:
                 self._counts["errors"] += 1
             log.warning("MQTT publish to %s failed: %s", topic, exc)
             return
+        rc = info.rc
+        if qos > 0 and rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            self._track(info.mid, topic)
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
             with self._lock:
                 self._counts["published"] += 1
@@ -432,7 +474,19 @@ class MqttClient:
                 "states_pending": len(self._pending_states),
                 **self._counts,
                 "last_error": self._last_error,  # why the latest attempt failed; None once connected
+                "last_refused": self._last_refused,  # the latest publish/subscription the broker refused
+                "duplicates": sorted(self._duplicates),  # other live instances using our device id
             }
+
+    def status_payload(self, fields: Mapping[str, Any]) -> bytes:
+        """The `status` body for `fields`, with this process's `instance` and any `duplicates` added: every
+        status this agent publishes (birth, updates, offline, LWT) goes through here."""
+        with self._lock:
+            dups = sorted(self._duplicates)
+        extra: dict[str, Any] = {"instance": self.instance}
+        if dups:
+            extra["duplicates"] = dups
+        return payload("status", **{**fields, **extra})
 
     # ---- paho callbacks (network thread) -----------------------------------------------------
     def _on_connect(
@@ -451,10 +505,7 @@ class MqttClient:
             self._link_up = True
         try:
             self._reclaim_unacked()
-            for topic_filter in (self.topics.cmd_filter, *self._fleet_filters, *self._watches):
-                result, _mid = client.subscribe(topic_filter, qos=1)
-                if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                    log.warning("MQTT subscribe %s failed: %s", topic_filter, paho.error_string(result))
+            self._subscribe(client)
             self._send(self.topics.status, self._birth_payload(), 1, True)
         except Exception:  # a bug here must neither stop the network thread nor block publishing
             log.exception("MQTT on_connect handling failed")
@@ -486,6 +537,122 @@ class MqttClient:
         else:
             log.log(self._info, "MQTT connected to %s:%d", self.host, self.port)
 
+    def _subscribe(self, client: paho.Client) -> None:
+        """Our commands, the fleet's, the daemon's watches and our own status topic (duplicate ids), in one
+        SUBSCRIBE so that one SUBACK says which of them the broker refused."""
+        filters = (self.topics.cmd_filter, *self._fleet_filters, *self._watches, self.topics.status)
+        if self.protocol == "5":
+            # noLocal: our own status publishes do not come back to us.
+            subs: list[tuple[str, Any]] = [
+                (f, SubscribeOptions(qos=1, noLocal=f == self.topics.status)) for f in filters
+            ]
+        else:
+            subs = [(f, 1) for f in filters]
+        result, mid = client.subscribe(subs)
+        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            log.warning("MQTT subscribe to %s failed: %s", ", ".join(filters), paho.error_string(result))
+            return
+        with self._mid_lock:
+            self._sub_filters[mid] = filters
+
+    def _on_subscribe(
+        self, client: paho.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any
+    ) -> None:
+        with self._mid_lock:
+            filters = self._sub_filters.pop(mid, ())
+        for topic_filter, code in zip(filters, reason_codes, strict=False):
+            if getattr(code, "is_failure", False):
+                what = "commands there will not arrive" if "/cmd/" in topic_filter else "not watched"
+                self._refusal(f"subscription to {topic_filter}", f"{_reason_name(code)}; {what}")
+
+    def _track(self, mid: int, topic: str) -> None:
+        with self._mid_lock:
+            early = self._early_refusals.pop(mid, None)
+            if early is None:
+                self._mid_topics[mid] = topic
+                self._mid_topics.move_to_end(mid)
+                while len(self._mid_topics) > _MID_TRACK:
+                    self._mid_topics.popitem(last=False)
+        if early is not None:
+            self._refusal(f"publish to {topic}", early)
+
+    def _on_publish(
+        self, client: paho.Client, userdata: Any, mid: int, reason_code: Any, properties: Any
+    ) -> None:
+        refused = getattr(reason_code, "is_failure", False)
+        with self._mid_lock:
+            topic = self._mid_topics.pop(mid, None)
+            if topic is None and refused:  # acknowledged before _send recorded the mid: _track reports it
+                self._early_refusals[mid] = _reason_name(reason_code)
+                if len(self._early_refusals) > _MID_TRACK:
+                    self._early_refusals.pop(next(iter(self._early_refusals)))
+                return
+        if refused and topic is not None:
+            self._refusal(f"publish to {topic}", _reason_name(reason_code))
+
+    def _refusal(self, what: str, reason: str) -> None:
+        """The broker refused a publish or a subscription (MQTT 5 reason code, e.g. its ACL): counted, kept
+        for stats()/telemetry, logged once per topic."""
+        line = f"{what}: {reason}"
+        with self._lock:
+            self._counts["refused"] += 1
+            self._last_refused = line
+            first = what not in self._reported and len(self._reported) < _REPORTED_MAX
+            if first:
+                self._reported.add(what)
+        if first:
+            log.error(
+                "MQTT broker %s:%d refused the %s (the agent needs %s/# and %s/_all/..., see the broker ACL)",
+                self.host,
+                self.port,
+                line,
+                self.topics.base,
+                self.topics.prefix,
+            )
+
+    def _on_own_status(self, raw: bytes, retained: bool) -> None:
+        """A status on our own topic from another process (its `instance` differs): a second agent with our
+        device id, or the will of an earlier run of ours that the broker publishes late.
+
+        Retained copies (sent at subscribe) are skipped: an earlier run that crashed left one that says
+        online. A live agent is seen anyway: it answers our birth with its own (below). Each new instance is
+        reported once (ERROR, `duplicates` in our status and stats) and answered with our birth; an offline
+        status from another instance replaced ours at the broker, so ours is published again."""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return
+        other = body.get("instance") if isinstance(body, dict) else None
+        if retained or not isinstance(other, str) or other == self.instance or self._closed:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if body.get("state") == "offline":
+                known = self._duplicates.pop(other, None) is not None
+                new = False
+            else:
+                new = other not in self._duplicates
+                if new and len(self._duplicates) >= _DUPLICATES_MAX:
+                    self._duplicates.pop(min(self._duplicates, key=self._duplicates.__getitem__))
+                self._duplicates[other] = now
+                known = False
+        if new:
+            log.error(
+                "MQTT: another agent publishes as device id %r (its instance %s, this one %s): both share"
+                " every topic, command and retained state; give each agent its own device_id",
+                self.topics.device,
+                other[:16],
+                self.instance,
+            )
+        elif known:
+            log.warning(
+                "MQTT: the other agent with device id %r (instance %s) went offline",
+                self.topics.device,
+                other[:16],
+            )
+        if new or body.get("state") == "offline":
+            self._send(self.topics.status, self._birth_payload(), 1, True)
+
     def _offline_payload(self, reason: str) -> bytes:
         fields: dict[str, Any] = {"state": "offline", "reason": reason}
         if self._offline is not None:
@@ -493,7 +660,7 @@ class MqttClient:
                 fields = dict(self._offline(reason))
             except Exception:
                 log.exception("MQTT offline status provider failed; publishing state offline only")
-        return payload("status", **fields)
+        return self.status_payload(fields)
 
     def _birth_payload(self) -> bytes:
         fields: dict[str, Any] = {"state": "online"}
@@ -502,7 +669,7 @@ class MqttClient:
                 fields = dict(self._birth())
             except Exception:
                 log.exception("MQTT birth status provider failed; publishing state online only")
-        return payload("status", **fields)
+        return self.status_payload(fields)
 
     def _reclaim_unacked(self) -> None:
         """Take QoS>=1 messages paho kept from the previous connection back into our queue."""
@@ -643,10 +810,13 @@ class MqttClient:
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         try:
+            if msg.topic == self.topics.status:
+                self._on_own_status(bytes(msg.payload), bool(msg.retain))
+                return
             action = self.topics.action_of(msg.topic)
             shared = False
             if action is None:
-                action = self.topics.fleet_action_of(msg.topic, self.groups)
+                action = self.topics.fleet_action_of(msg.topic, self.groups, self.shared)
                 shared = action is not None
             if action is None:
                 for topic_filter, callback in self._watches.items():

@@ -187,6 +187,11 @@ def build_telemetry(
         "mqtt": {
             "dropped_offline": (mqtt or {}).get("dropped_offline", 0),
             "queued": (mqtt or {}).get("queued", 0),
+            # publishes/subscriptions the broker refused (MQTT 5 reason codes, e.g. its ACL) and the latest
+            "refused": (mqtt or {}).get("refused", 0),
+            "last_refused": (mqtt or {}).get("last_refused"),
+            # instances of other processes publishing with this device id (agent.mqtt)
+            "duplicates": list((mqtt or {}).get("duplicates", [])),
             # accepted, rejected, dropped, retained_ignored, failed (agent.commands)
             "commands": dict((mqtt or {}).get("commands", {})),
         },
@@ -251,6 +256,18 @@ class Metrics:
             registry=r,
         )
         self.mqtt_queued = Gauge("mqtt_queued", "Events queued for the broker", namespace=ns, registry=r)
+        self.mqtt_refused = Gauge(
+            "mqtt_refused",
+            "Publishes and subscriptions the broker refused (since start)",
+            namespace=ns,
+            registry=r,
+        )
+        self.mqtt_duplicates = Gauge(
+            "mqtt_duplicate_device_agents",
+            "Other live agents seen publishing with this device id",
+            namespace=ns,
+            registry=r,
+        )
         self._server: Any = None
 
     def update(self, fields: Mapping[str, Any]) -> None:
@@ -296,6 +313,8 @@ class Metrics:
         mq = fields.get("mqtt") or {}
         self.mqtt_dropped.set(mq.get("dropped_offline", 0))
         self.mqtt_queued.set(mq.get("queued", 0))
+        self.mqtt_refused.set(mq.get("refused", 0))
+        self.mqtt_duplicates.set(len(mq.get("duplicates") or ()))
 
     def start_http(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve /metrics on ``addr:port`` (port 0 picks a free one); returns the port."""

@@ -28,6 +28,7 @@ _FORBIDDEN = ("+", "#", "/", "\x00")
 # Fleet topic levels next to the device ids (which therefore may not start with '_', agent.config).
 FLEET_ALL = "_all"
 FLEET_GROUP = "_group"
+FLEET_ANY = "_any"
 
 
 def check_name(value: str, what: str) -> str:
@@ -114,15 +115,24 @@ class Topics:
         return action if action and "/" not in action else None
 
     # ---- fleet: commands shared by many devices, answered on each device's own cmd/<action>/result ----
-    def fleet_filters(self, groups: Iterable[str] = ()) -> tuple[str, ...]:
-        """``{prefix}/_all/cmd/+`` and ``{prefix}/_group/<g>/cmd/+`` for each group."""
-        return (
+    def fleet_filters(self, groups: Iterable[str] = (), shared: bool = False) -> tuple[str, ...]:
+        """``{prefix}/_all/cmd/+`` and ``{prefix}/_group/<g>/cmd/+`` for each group; with ``shared`` also the
+        MQTT shared subscriptions that hand each ``{prefix}/_any/cmd/<action>`` (and each
+        ``{prefix}/_group/<g>/any/cmd/<action>``) to one subscribed agent only."""
+        groups = [check_name(g, "group") for g in groups]
+        filters = [
             f"{self.prefix}/{FLEET_ALL}/cmd/+",
-            *(f"{self.prefix}/{FLEET_GROUP}/{check_name(g, 'group')}/cmd/+" for g in groups),
-        )
+            *(f"{self.prefix}/{FLEET_GROUP}/{g}/cmd/+" for g in groups),
+        ]
+        if shared:
+            share = self.prefix.replace("/", "-")  # a share name is one level; the same for every agent
+            filters.append(f"$share/{share}/{self.prefix}/{FLEET_ANY}/cmd/+")
+            filters += [f"$share/{share}.{g}/{self.prefix}/{FLEET_GROUP}/{g}/any/cmd/+" for g in groups]
+        return tuple(filters)
 
-    def fleet_action_of(self, topic: str, groups: Collection[str] = ()) -> str | None:
-        """The action of an inbound fleet command (``_all`` or one of ``groups``), None for other topics."""
+    def fleet_action_of(self, topic: str, groups: Collection[str] = (), shared: bool = False) -> str | None:
+        """The action of an inbound fleet command (``_all``, one of ``groups``, and with ``shared`` their "any
+        one agent" forms), None for other topics."""
         head = f"{self.prefix}/"
         if not topic.startswith(head):
             return None
@@ -131,6 +141,20 @@ class Topics:
             action = levels[2]
         elif len(levels) == 4 and levels[0] == FLEET_GROUP and levels[1] in groups and levels[2] == "cmd":
             action = levels[3]
+        elif shared and len(levels) == 3 and levels[0] == FLEET_ANY and levels[1] == "cmd":
+            action = levels[2]
+        elif (
+            shared
+            and len(levels) == 5
+            and levels[0] == FLEET_GROUP
+            and levels[1] in groups
+            and levels[2:4]
+            == [
+                "any",
+                "cmd",
+            ]
+        ):
+            action = levels[4]
         else:
             return None
         return action or None

@@ -1,0 +1,245 @@
+"""`edge-agent fleet status`: a table of every agent on a broker, built from retained messages only.
+
+No fleet server: every agent keeps its `status`, camera states and engine states retained under
+``{prefix}/{device}/...``, so one subscription to those topics returns the whole fleet at once (the broker
+sends the retained copies right after SUBACK). Collection ends when the broker has been quiet for a moment.
+
+Everything read here comes from the network: payloads may be missing, not JSON, of the wrong types or
+hostile (terminal escapes in a device name); each field is checked and shown as "?" when unusable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.tls import TlsFileError, TlsOptions, client_context
+
+COLUMNS = ("device", "state", "version", "cameras", "fps", "engines", "tensorrt", "last_seen")
+
+
+class FleetError(RuntimeError):
+    """The broker could not be read (unreachable, refused, TLS); the message names host and port only."""
+
+
+@dataclass
+class DeviceView:
+    """What the broker holds for one device id."""
+
+    status: dict[str, Any] | None = None
+    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unreadable: int = 0  # retained payloads that were not JSON objects
+    last_ts: float | None = None
+
+    def seen(self, body: Mapping[str, Any]) -> None:
+        ts = _number(body.get("ts"))
+        if ts is not None and (self.last_ts is None or ts > self.last_ts):
+            self.last_ts = ts
+
+
+def filters(prefix: str) -> list[str]:
+    return [f"{prefix}/+/status", f"{prefix}/+/cameras/+/state", f"{prefix}/+/engines/+"]
+
+
+def collect(
+    host: str,
+    port: int,
+    prefix: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    tls: TlsOptions | None = None,
+    quiet_s: float = 0.5,
+    timeout_s: float = 10.0,
+) -> dict[str, DeviceView]:
+    """Device id -> DeviceView from the retained messages under ``prefix``; FleetError if the broker cannot
+    be read within ``timeout_s``."""
+    if not prefix or any(ch in prefix for ch in "+#\x00") or prefix.startswith("/") or prefix.endswith("/"):
+        raise FleetError(f"prefix {prefix!r}: must be a topic prefix without '+', '#' or an outer '/'")
+    if not 1 <= port <= 65535:
+        raise FleetError(f"port {port}: must be 1..65535")
+    views: dict[str, DeviceView] = {}
+    lock = threading.Lock()
+    subscribed = threading.Event()
+    failed: list[str] = []
+    last = [time.monotonic()]
+    head = f"{prefix}/"
+
+    def on_connect(c: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if reason.is_failure:
+            failed.append(f"refused the connection: {reason}")
+            return
+        c.subscribe([(f, 1) for f in filters(prefix)])
+
+    def on_subscribe(_c: paho.Client, _u: Any, _mid: int, codes: Any, _p: Any) -> None:
+        refused = [str(code) for code in codes if code.is_failure]
+        if refused:
+            failed.append(f"refused the subscription to {prefix}/+/...: {', '.join(refused)}")
+        last[0] = time.monotonic()
+        subscribed.set()
+
+    def on_message(_c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        if not msg.topic.startswith(head) or not msg.payload:  # empty: a deleted retained message
+            return
+        levels = msg.topic[len(head) :].split("/")
+        with lock:
+            last[0] = time.monotonic()
+            view = views.setdefault(levels[0], DeviceView())
+            try:
+                body = json.loads(msg.payload)
+            except (ValueError, UnicodeDecodeError):
+                body = None
+            if not isinstance(body, dict):
+                view.unreadable += 1
+                return
+            view.seen(body)
+            if levels[1:] == ["status"]:
+                view.status = body
+            elif len(levels) == 4 and levels[1] == "cameras":
+                view.cameras[levels[2]] = body
+            elif len(levels) == 3 and levels[1] == "engines":
+                view.engines[levels[2]] = body
+
+    c = paho.Client(
+        CallbackAPIVersion.VERSION2, client_id=f"edge-agent-fleet-{secrets.token_hex(4)}", clean_session=True
+    )
+    if username is not None:
+        c.username_pw_set(username, password)
+    if tls is not None:
+        try:
+            c.tls_set_context(client_context(tls))
+        except TlsFileError as exc:
+            raise FleetError(f"tls {exc}") from None
+        if tls.insecure:
+            c.tls_insecure_set(True)
+    c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
+    where = f"broker {host}:{port}"
+    try:
+        c.connect(host, port, keepalive=30)
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"{where}: not reachable ({getattr(exc, 'strerror', None) or exc})") from None
+    c.loop_start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not failed:
+            if subscribed.is_set() and time.monotonic() - last[0] >= quiet_s:
+                break
+            time.sleep(0.05)
+        if failed:
+            raise FleetError(f"{where}: {failed[0]}")
+        if not subscribed.is_set():
+            raise FleetError(f"{where}: no answer within {timeout_s:g} s")
+        with lock:
+            return dict(views)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def rows(views: Mapping[str, DeviceView], now: float | None = None) -> list[dict[str, Any]]:
+    """One row per device (sorted by id): the COLUMNS plus `reason`, `duplicates` and `unreadable`."""
+    now = time.time() if now is None else now
+    out = []
+    for device in sorted(views):
+        v = views[device]
+        st = v.status or {}
+        up, total = _int(st.get("cameras_up")), _int(st.get("cameras_total"))
+        fps = [_number(c.get("fps_out")) for c in v.cameras.values() if c.get("state") == "streaming"]
+        dups = st.get("duplicates")
+        out.append(
+            {
+                "device": device,
+                "state": _word(st.get("state")) if v.status is not None else "no status",
+                "reason": _word(st.get("reason")) if st.get("reason") is not None else None,
+                "version": _word(st.get("version")),
+                "cameras": f"{_show(up)}/{_show(total)}" if v.status is not None else "?",
+                "fps": round(sum(f for f in fps if f is not None), 1),
+                "engines": {_word(m): _word(e.get("state")) for m, e in sorted(v.engines.items())},
+                "tensorrt": sorted({_runtime(e) for e in v.engines.values()}),
+                "last_seen": None if v.last_ts is None else round(max(0.0, now - v.last_ts), 1),
+                "duplicates": len(dups) if isinstance(dups, list) else 0,
+                "unreadable": v.unreadable,
+            }
+        )
+    return out
+
+
+def render(table: list[dict[str, Any]]) -> str:
+    """A plain-text table: one line per device, offline agents with their reason, duplicates flagged."""
+    if not table:
+        return "no agents found (no retained status under this prefix)"
+    lines = [list(COLUMNS)]
+    for r in table:
+        state = r["state"] + (f" ({r['reason']})" if r["reason"] else "")
+        if r["duplicates"]:
+            state += f" DUPLICATE ID: {r['duplicates'] + 1} agents"
+        engines = ", ".join(f"{m}:{s}" for m, s in r["engines"].items()) or "-"
+        seen = "?" if r["last_seen"] is None else _ago(r["last_seen"])
+        lines.append(
+            [
+                r["device"],
+                state,
+                r["version"],
+                r["cameras"],
+                f"{r['fps']:g}",
+                engines,
+                ", ".join(r["tensorrt"]) or "-",
+                seen,
+            ]
+        )
+    widths = [max(len(_cell(line[i])) for line in lines) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(_cell(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+# ---- untrusted values -> display ----------------------------------------------------------------
+def _cell(value: Any) -> str:
+    # Device ids come from topic levels anyone with write access chose: no control characters on a terminal.
+    text = str(value)
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:64]
+
+
+def _word(value: Any) -> str:
+    return _cell(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else "?"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _show(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _runtime(engine: Mapping[str, Any]) -> str:
+    fp = engine.get("fingerprint")
+    if isinstance(fp, dict) and fp.get("trt_version") is not None:
+        flavor = "TensorRT-RTX" if fp.get("trt_flavor") == "tensorrt_rtx" else "TensorRT"
+        return f"{flavor} {_word(fp.get('trt_version'))}"
+    backend = engine.get("backend")
+    return _word(backend) if backend is not None else "?"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"

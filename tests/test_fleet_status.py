@@ -1,0 +1,182 @@
+"""`edge-agent fleet status` against a real mosquitto holding retained messages written by hand: what any
+client with write access could leave there (not JSON, wrong types, terminal escapes in a device id, huge
+numbers), and the CLI's errors. Plus the MQTT protocol setting both ways."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from fixtures_agent import run_cli
+from fixtures_mqtt import Broker, free_port
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.config import ConfigError, parse_config
+from agent.fleet import collect, render, rows
+from agent.mqtt import MqttClient, MqttError
+from agent.topics import Topics
+
+
+def retain(port: int, items: list[tuple[str, bytes]]) -> None:
+    c = paho.Client(CallbackAPIVersion.VERSION2)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        for topic, body in items:
+            c.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def test_fleet_status_survives_whatever_is_retained(mqtt_broker: Broker) -> None:
+    now = time.time()
+    good = {"schema": "edge-agent/status/1", "ts": now - 5, "state": "online", "version": "1.2.3"}
+    retain(
+        mqtt_broker.port,
+        [
+            (
+                "fx/good/status",
+                json.dumps({**good, "cameras_up": 2, "cameras_total": 2, "instance": "a"}).encode(),
+            ),
+            (
+                "fx/good/cameras/c1/state",
+                json.dumps({"ts": now - 1, "state": "streaming", "fps_out": 4.5}).encode(),
+            ),
+            (
+                "fx/good/cameras/c2/state",
+                json.dumps({"ts": now - 1, "state": "streaming", "fps_out": 5}).encode(),
+            ),
+            ("fx/good/cameras/c3/state", json.dumps({"ts": now, "state": "failed", "fps_out": 99}).encode()),
+            (
+                "fx/good/engines/det",
+                json.dumps(
+                    {
+                        "ts": now,
+                        "state": "ready",
+                        "fingerprint": {"trt_flavor": "tensorrt", "trt_version": "10.3.0"},
+                    }
+                ).encode(),
+            ),
+            # mosquitto refuses C0 controls in topic names; a bidi override passes and would reorder the line.
+            ("fx/evil\u202egnp.exe/status", json.dumps({"state": "on\x1b[31m", "version": ["x"]}).encode()),
+            ("fx/junk/status", b"\xff\xfe not json"),
+            ("fx/junk/cameras/c/state", b"[1, 2]"),
+            (
+                "fx/types/status",
+                b'{"state": 5, "cameras_up": -1, "cameras_total": true, "ts": 1e400, "duplicates": 3}',
+            ),
+            ("fx/types/cameras/c/state", b'{"state": "streaming", "fps_out": "fast"}'),
+            ("fx/types/engines/m", b'{"state": {"a": 1}, "fingerprint": "x", "backend": null}'),
+            (
+                "fx/twin/status",
+                json.dumps({**good, "duplicates": ["b"], "cameras_up": 0, "cameras_total": 0}).encode(),
+            ),
+            (
+                "fx/gone/status",
+                json.dumps({**good, "state": "offline", "reason": "connection lost"}).encode(),
+            ),
+            ("fx/deleted/status", b"x"),
+            ("fx/deleted/status", b""),  # deleted: not listed
+            ("other/x/status", json.dumps(good).encode()),  # another prefix
+        ],
+    )
+    views = collect("127.0.0.1", mqtt_broker.port, "fx", quiet_s=0.3)
+    table = {r["device"]: r for r in rows(views, now=now)}
+    assert sorted(table) == sorted(["good", "evil\u202egnp.exe", "junk", "types", "twin", "gone"])
+    g = table["good"]
+    assert (g["state"], g["version"], g["cameras"], g["fps"]) == ("online", "1.2.3", "2/2", 9.5)
+    assert g["engines"] == {"det": "ready"} and g["tensorrt"] == ["TensorRT 10.3.0"] and g["last_seen"] == 0
+    assert table["junk"]["state"] == "no status" and table["junk"]["unreadable"] == 2
+    t = table["types"]
+    assert (t["state"], t["cameras"], t["fps"], t["duplicates"], t["last_seen"]) == ("5", "?/?", 0, 0, None)
+    assert t["engines"] == {"m": "?"} and t["tensorrt"] == ["?"]
+    assert table["twin"]["duplicates"] == 1
+    assert (table["gone"]["state"], table["gone"]["reason"]) == ("offline", "connection lost")
+
+    text = render(list(table.values()))
+    assert "\x1b" not in text and "\u202e" not in text and "evil?gnp.exe" in text and "on?[31m" in text
+    assert "DUPLICATE ID: 2 agents" in text and "offline (connection lost)" in text
+    assert render([]).startswith("no agents found")
+
+    proc = run_cli(
+        "fleet", "status", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(mqtt_broker.port), "--prefix", "fx"
+    )
+    assert proc.returncode == 0 and "\x1b" not in proc.stdout and proc.stdout.count("\n") == 7, proc
+
+
+def test_fleet_status_errors_are_one_line(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens
+    proc = run_cli("fleet", "status", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(port), timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith(f"edge-agent fleet status: broker 127.0.0.1:{port}: not reachable"), (
+        proc.stderr
+    )
+    for args, expect in (
+        (["--prefix", "a/+"], "prefix 'a/+': must be a topic prefix"),
+        (["--mqtt-port", "70000"], "port 70000: must be 1..65535"),
+        (
+            ["--password-file", str(tmp_path / "missing")],
+            f"password_file {tmp_path / 'missing'}: cannot read",
+        ),
+    ):
+        proc = run_cli("fleet", "status", "--mqtt-host", "127.0.0.1", *args, timeout=60)
+        assert proc.returncode == 2 and expect in proc.stderr and "Traceback" not in proc.stderr, (args, proc)
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("mqtt: {port: nope}\n")
+    proc = run_cli("fleet", "status", "-c", str(bad), timeout=60)
+    assert proc.returncode == 2 and f"{bad}" in proc.stderr and "mqtt.port" in proc.stderr, proc
+
+
+def test_refused_login_is_named(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, allow_anonymous=False)
+    broker.start()
+    try:
+        proc = run_cli(
+            "fleet", "status", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(broker.port), timeout=60
+        )
+        assert proc.returncode == 2 and "refused the connection: Not authorized" in proc.stderr, proc
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_both_protocols_connect_publish_and_take_commands(mqtt_broker: Broker, protocol: str) -> None:
+    client = MqttClient(
+        topics=Topics("proto", "dev"), host="127.0.0.1", port=mqtt_broker.port, protocol=protocol
+    )
+    got: list[dict] = []
+    client.on_command("reload", lambda req: got.append({"ok": True}) or {})
+    client.start()
+    try:
+        assert client.wait_connected(10)
+        retain(mqtt_broker.port, [])  # nothing; the command below is not retained
+        c = paho.Client(CallbackAPIVersion.VERSION2)
+        c.connect("127.0.0.1", mqtt_broker.port)
+        c.loop_start()
+        c.publish("proto/dev/cmd/reload", b"{}", qos=1).wait_for_publish(5)
+        c.disconnect()
+        c.loop_stop()
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got, "command not received"
+        stats = client.stats()
+        assert stats["refused"] == 0 and stats["duplicates"] == [] and stats["connected"]
+    finally:
+        client.close()
+
+
+def test_protocol_setting() -> None:
+    base = {"models": {"m": {"onnx": "m.onnx"}}, "cameras": {}}
+    assert parse_config({**base, "mqtt": {"protocol": 5}}).mqtt.protocol == "5"
+    assert parse_config({**base, "mqtt": {"protocol": "3.1.1"}}).mqtt.protocol == "3.1.1"
+    assert parse_config(base).mqtt.protocol == "5"
+    for bad in (4, "3", True, None, "5.0"):
+        with pytest.raises(ConfigError, match=r"x.yaml: mqtt.protocol"):
+            parse_config({**base, "mqtt": {"protocol": bad}}, "x.yaml")
+    with pytest.raises(MqttError, match="mqtt protocol"):
+        MqttClient(topics=Topics("p", "d"), protocol="4")
