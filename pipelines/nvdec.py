@@ -111,6 +111,27 @@ def _probe_host() -> str | None:
     return None
 
 
+# Below about this much free device memory PyNvVideoCodec 2.2.4 crashed the process in its first NVDEC call
+# (GetDecoderCaps, segmentation fault; H100, fresh process: crashed at 520 MiB free, worked at 776 MiB).
+NVDEC_HEADROOM_MIB = 768
+
+
+def device_memory_short(width: int, height: int, device: int = 0) -> str | None:
+    """A reason when the device lacks the memory for one more NVDEC session of this size, else None.
+
+    Checked before the caps query and the session, because a crash there would take every camera down. The
+    session: up to 20 decode surfaces (the H.264/H.265 picture buffer, 16, plus 4) of NV12 at the coded size
+    and the picture pool (4 more), plus 32 MiB (measured: 128 MiB for 1080p); then NVDEC_HEADROOM_MIB."""
+    coded = ((width + 15) // 16 * 16) * ((height + 15) // 16 * 16) * 3 // 2
+    need = 24 * coded + ((32 + NVDEC_HEADROOM_MIB) << 20)
+    rt = import_cudart()
+    cuda_call(rt, "cudaSetDevice", rt.cudaSetDevice(device))
+    free, _total = cuda_call(rt, "cudaMemGetInfo", rt.cudaMemGetInfo())
+    if int(free) < need:
+        return f"out of device memory: {int(free) >> 20} MiB free on GPU {device}, {need >> 20} MiB needed"
+    return None
+
+
 def stream_unsupported(
     nvc: Any, codec: str, width: int, height: int, chroma: str, bit_depth: int, device: int = 0
 ) -> str | None:
@@ -545,6 +566,9 @@ class NvdecReader(CameraReader):
         chroma, depth = _PIXEL_FORMATS.get(_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)), ("420", 8))
         why = nvdec_unavailable()
         if why is None:
+            short = device_memory_short(w, h, self.device)
+            if short is not None:  # not a fallback: the engine shares this memory; other cameras go on
+                return self._fail(f"NVDEC session for {codec} {w}x{h} could not be created: {short}")
             nvc = import_nvc()
             why = stream_unsupported(nvc, codec, w, h, chroma, depth, self.device)
         if why is not None:

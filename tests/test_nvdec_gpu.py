@@ -308,3 +308,40 @@ def test_caps_refuse_what_nvdec_cannot_decode_naming_it(nvc) -> None:  # type: i
     mjpeg = stream_unsupported(nvc, "mjpg", 1280, 720, "422", 8)
     assert mjpeg is not None and "mjpg" in mjpeg
     print(f"\n{eight_k}\n{four_four_four}\n{mjpeg}")
+
+
+def test_decoder_creation_out_of_device_memory_fails_that_camera_only(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Camera A streams; then the device memory is taken (PyTorch allocations) and camera B opens: B goes to
+    `failed` naming the NVDEC session it could not create, A keeps delivering device frames. (Before the
+    free-memory check, PyNvVideoCodec's caps query crashed the whole process here.)"""
+    torch = pytest.importorskip("torch")
+    from pipelines.nvdec import DeviceNv12, NvdecReader
+
+    # The bundled clip, paced: 10 s before it loops (a loop opens a new session, as a reconnect does).
+    spec_a = SourceSpec(camera="a", url=str(CLIP), realtime=True, loop=True)
+    spec_b = SourceSpec(camera="b", url=str(CLIP), realtime=True, loop=True)
+    a = NvdecReader(spec_a, FrameSlot(), mode="nvdec")
+    states: list[tuple[str, str | None]] = []
+    b = NvdecReader(spec_b, FrameSlot(), lambda c, s, r: states.append((s, r)), mode="nvdec")
+    hog: list[object] = []
+    a.start()
+    try:
+        assert isinstance(a.slot.get(timeout=20).image, DeviceNv12)  # type: ignore[union-attr]
+        # Leave ~400 MiB: short for another session (and the driver's headroom), enough for camera A.
+        for chunk in (1 << 30, 16 << 20):
+            while _device_free() - (400 << 20) > chunk:
+                hog.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+        print(f"device memory left: {_device_free() >> 20} MiB")
+        b.start()
+        b.join(30)
+        assert not b.is_alive() and states and states[-1][0] == "failed", states
+        reason = states[-1][1] or ""
+        print(f"camera b: {reason}")
+        assert "NVDEC session for h264 640x272 could not be created: out of device memory" in reason
+        got = [a.slot.get(timeout=5) for _ in range(10)]  # A: still streaming on the GPU
+        assert all(f is not None and isinstance(f.image, DeviceNv12) for f in got), a.stats()
+    finally:
+        hog.clear()
+        torch.cuda.empty_cache()
+        a.stop()
+        b.stop()
