@@ -31,6 +31,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ RECORDED_FRAMES = 16  # outputs recorded with ONNX Runtime for the simulated eng
 # ---- the run -----------------------------------------------------------------------------------------------
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     labels = load_labels(opts.labels)
+    if opts.postprocess == "graph":
+        opts = replace(opts, model=_grafted(opts, len(labels)))
     ort = OrtBackend(str(opts.model), intra_threads=opts.threads)
     ort.load()
     input_spec = ort.input_spec
@@ -96,6 +99,26 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     (opts.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     report["plot"] = plot(report, opts.out / "bench.png")
     return report
+
+
+def _grafted(opts: BenchOptions, classes: int) -> Path:
+    """The model with decode + NMS grafted on (what `tools/graft_model.py` writes), in --out."""
+    import onnx
+
+    from pipelines.models.graft import graft_postprocess
+
+    probe = OrtBackend(str(opts.model), intra_threads=1)
+    probe.load()
+    try:
+        adapter = make_adapter(opts.format, probe.input_spec, classes)
+    finally:
+        probe.close()
+    # The routes' min_score (0.4) is above the graph's threshold, as in the daemon (lowest camera min_score).
+    model = graft_postprocess(onnx.load(str(opts.model)), adapter, score_threshold=0.35)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    path = opts.out / f"{opts.model.stem}-grafted.onnx"
+    onnx.save(model, str(path))
+    return path
 
 
 def _stages(opts: BenchOptions, ort: OrtBackend, adapter: ModelAdapter, labels: list[str]) -> dict[str, Any]:

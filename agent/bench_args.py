@@ -34,6 +34,7 @@ class BenchOptions:
     preprocess: str = "cpu"
     decode: bool = False
     decoder: str = "cpu"  # camera readers' decoder: cpu (FFmpeg) or nvdec (PyNvVideoCodec)
+    postprocess: str = "host"  # host: raw heads decoded on the host; graph: decode + NMS in the model
     rtsp: str | None = None
     warmup_s: float = 2.0
     duration_s: float = 10.0
@@ -72,6 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["cpu", "nvdec"],
         default="cpu",
         help="camera readers decode with FFmpeg on the CPU or with NVDEC (implies --decode)",
+    )
+    p.add_argument(
+        "--postprocess",
+        choices=["host", "graph"],
+        default="host",
+        help="graph: decode + NMS grafted onto the model (pipelines.models.graft), so the engine's outputs"
+        " are detections (a few KB per frame) instead of raw heads",
     )
     p.add_argument(
         "--rtsp", help="streams read this RTSP URL ('{i}' becomes 1..N), e.g. from tools/rtsp_server.py"
@@ -118,6 +126,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         preprocess=args.preprocess,
         decode=args.decode or args.decoder != "cpu",
         decoder=args.decoder,
+        postprocess=args.postprocess,
         rtsp=args.rtsp,
         warmup_s=args.warmup,
         duration_s=args.duration,

@@ -223,6 +223,7 @@ def measure(
         stale0 = worker.stale
         dec0 = sources.decode_stats() if isinstance(sources, Readers) else None
         cpu0 = proc.cpu_times()
+        threads0 = _thread_cpu(proc)
         t0 = time.monotonic()
         measuring.set()
         timeline = _watch(spec, worker, sources, proc, t0, frames0, rec)
@@ -230,6 +231,7 @@ def measure(
         _add_age_p95(timeline, rec, t0)
         elapsed = time.monotonic() - t0
         cpu1 = proc.cpu_times()
+        threads1 = _thread_cpu(proc)
         offered = sources.offered - offered0
         frames = worker.frames - frames0
         batches = worker.batches - batches0
@@ -264,9 +266,50 @@ def measure(
         "engine_busy": round(busy / (elapsed * backend.slots), 3) if busy else None,
         "cpu_ms_per_frame": round(cpu_s * 1000.0 / frames, 3) if frames else None,
         "cpu_percent": round(100.0 * cpu_s / elapsed, 1),
+        "cpu_ms_per_frame_by_thread": _by_role(threads0, threads1, cpu_s, frames),
         "decode": decode,
         "timeline": timeline,
     }
+
+
+# Thread name -> the stages it runs (pipelines.sources / nvdec readers, pipelines.scheduler's threads).
+def _role(name: str) -> str:
+    if name.startswith("reader-"):
+        return "demux_decode"
+    if name.startswith("model-") and "-infer-" in name:
+        return "infer"
+    if name.startswith("model-") and name.endswith("-out"):
+        return "postprocess_publish"
+    if name.startswith("model-"):
+        return "batch_preprocess"
+    if name == "bench-clock":
+        return "clock"
+    return "other"
+
+
+def _thread_cpu(proc: psutil.Process) -> dict[int, tuple[str, float]]:
+    """Native thread id -> (role, CPU seconds) for this process's threads (psutil reads /proc per thread)."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    try:
+        threads = proc.threads()
+    except psutil.Error:
+        return {}
+    return {t.id: (_role(names.get(t.id, "")), t.user_time + t.system_time) for t in threads}
+
+
+def _by_role(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], total_s: float, frames: int
+) -> dict[str, float] | None:
+    """Host CPU ms per processed frame by stage group; threads that ended in the window count as "other"
+    (the remainder of the process total)."""
+    if not frames or not after:
+        return None
+    out: dict[str, float] = {}
+    for tid, (role, cpu) in after.items():
+        spent = cpu - before.get(tid, (role, 0.0))[1]
+        out[role] = out.get(role, 0.0) + spent
+    out["other"] = out.get("other", 0.0) + max(0.0, total_s - sum(out.values()))
+    return {k: round(v * 1000.0 / frames, 3) for k, v in sorted(out.items())}
 
 
 def _decode_window(sources: LoopedClip | Readers, before: dict[str, float] | None, elapsed: float) -> Any:

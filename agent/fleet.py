@@ -24,6 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.tls import TlsFileError, TlsOptions, client_context
 
+MAX_PAYLOAD = 256 * 1024  # an agent's retained messages are a few hundred bytes
 COLUMNS = ("device", "state", "version", "cameras", "fps", "engines", "tensorrt", "last_seen")
 
 
@@ -96,8 +97,8 @@ def collect(
             last[0] = time.monotonic()
             view = views.setdefault(levels[0], DeviceView())
             try:
-                body = json.loads(msg.payload)
-            except (ValueError, UnicodeDecodeError):
+                body = json.loads(msg.payload) if len(msg.payload) <= MAX_PAYLOAD else None
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
                 body = None
             if not isinstance(body, dict):
                 view.unreadable += 1

@@ -67,7 +67,11 @@ BirthProvider = Callable[[], Mapping[str, Any]]
 _FLUSH_BATCH = 64  # events taken from the offline queue per lock acquisition during a flush
 _MID_TRACK = 1024  # QoS>=1 publishes whose topic is kept until the broker acknowledges (or refuses) them
 _REPORTED_MAX = 256  # distinct refused topics logged; later ones are only counted
-_DUPLICATES_MAX = 16
+_DUPLICATES_MAX = 16  # other instances remembered (and logged) at once
+_DUPLICATE_LOGS_MAX = 16  # ERROR lines about new instances per process; later ones are only counted
+_STATUS_MAX_BYTES = 65536  # a status on our topic larger than this is not an agent's
+_INSTANCE = re.compile(r"[0-9a-f]{8}")
+_ANSWER_INTERVAL_S = 1.0  # at most one status answer per second (someone may flood our status topic)
 PROTOCOLS = ("5", "3.1.1")
 
 
@@ -257,6 +261,9 @@ class MqttClient:
         self._last_refused: str | None = None
         # Other processes publishing as this device id: instance -> time last seen (see _on_own_status).
         self._duplicates: dict[str, float] = {}
+        self._duplicate_logs = 0
+        self._next_answer = 0.0
+        self._answer_timer: threading.Timer | None = None
 
         # Shared by the daemon across reconnections to another broker; answers go out through `answer`
         # (default: this client), so a command that replaced this client is still answered.
@@ -618,12 +625,14 @@ class MqttClient:
         online. A live agent is seen anyway: it answers our birth with its own (below). Each new instance is
         reported once (ERROR, `duplicates` in our status and stats) and answered with our birth; an offline
         status from another instance replaced ours at the broker, so ours is published again."""
+        if retained or self._closed or len(raw) > _STATUS_MAX_BYTES:
+            return
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         other = body.get("instance") if isinstance(body, dict) else None
-        if retained or not isinstance(other, str) or other == self.instance or self._closed:
+        if not isinstance(other, str) or not _INSTANCE.fullmatch(other) or other == self.instance:
             return
         now = time.monotonic()
         with self._lock:
@@ -636,21 +645,50 @@ class MqttClient:
                     self._duplicates.pop(min(self._duplicates, key=self._duplicates.__getitem__))
                 self._duplicates[other] = now
                 known = False
-        if new:
+            tell = new and self._duplicate_logs < _DUPLICATE_LOGS_MAX
+            self._duplicate_logs += tell
+        if tell:
             log.error(
                 "MQTT: another agent publishes as device id %r (its instance %s, this one %s): both share"
                 " every topic, command and retained state; give each agent its own device_id",
                 self.topics.device,
-                other[:16],
+                other,
                 self.instance,
             )
         elif known:
             log.warning(
                 "MQTT: the other agent with device id %r (instance %s) went offline",
                 self.topics.device,
-                other[:16],
+                other,
             )
         if new or body.get("state") == "offline":
+            self._answer_status()
+
+    def _answer_status(self) -> None:
+        """Publish our status again, at most once per _ANSWER_INTERVAL_S: a later request within the interval
+        is served once at its end (with the status of that moment), so the last word is always ours."""
+        now = time.monotonic()
+        with self._lock:
+            wait = self._next_answer - now
+            if wait > 0:
+                if self._answer_timer is not None:
+                    return
+                self._answer_timer = timer = threading.Timer(wait, self._answer_status_later)
+                timer.daemon = True
+            else:
+                self._next_answer = now + _ANSWER_INTERVAL_S
+                timer = None
+        if timer is not None:
+            timer.start()
+            return
+        self._send(self.topics.status, self._birth_payload(), 1, True)
+
+    def _answer_status_later(self) -> None:
+        with self._lock:
+            self._answer_timer = None
+            self._next_answer = time.monotonic() + _ANSWER_INTERVAL_S
+            live = self._link_up and not self._closed
+        if live:
             self._send(self.topics.status, self._birth_payload(), 1, True)
 
     def _offline_payload(self, reason: str) -> bytes:

@@ -33,6 +33,13 @@ def test_sweep_and_overhead_report(tmp_path: Path) -> None:
         assert {"queue", "preprocess", "infer", "postprocess", "publish", "total"} <= set(run["stages_ms"])
         assert run["device_ms"]["p50"] == pytest.approx(3.0)  # the simulated engine's time per batch
         assert run["timeline"] and "rss_mb" in run["timeline"][0]
+        # Host CPU per frame by the threads that spent it (batch+preprocess, engine, results, source).
+        by = run["cpu_ms_per_frame_by_thread"]
+        assert {"batch_preprocess", "infer", "postprocess_publish", "clock", "other"} <= set(by), by
+        assert all(v >= 0 for v in by.values())
+        assert by["batch_preprocess"] > 0 and by["postprocess_publish"] > 0
+        # "other" is the rest of the process total; per-thread clocks tick at 10 ms, so a short run is rough.
+        assert run["cpu_ms_per_frame"] - 0.01 <= sum(by.values()) <= 1.5 * run["cpu_ms_per_frame"] + 0.5
     assert (out / "bench.png").stat().st_size > 0
     # The one-paragraph summary, then where the report is.
     lines = done.stdout.strip().splitlines()

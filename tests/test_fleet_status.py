@@ -11,7 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 from fixtures_agent import run_cli
-from fixtures_mqtt import Broker, free_port
+from fixtures_mqtt import Broker, Subscriber, free_port
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import ConfigError, parse_config
@@ -180,3 +180,63 @@ def test_protocol_setting() -> None:
             parse_config({**base, "mqtt": {"protocol": bad}}, "x.yaml")
     with pytest.raises(MqttError, match="mqtt protocol"):
         MqttClient(topics=Topics("p", "d"), protocol="4")
+
+
+def test_own_status_topic_flood_is_bounded(mqtt_broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone with write access to an agent's status topic: oversized and deeply nested payloads, bad
+    instance ids, 200 fake instances in a burst, then an offline status. The agent stays up, remembers at
+    most 16 duplicates, logs at most 16 of them, answers at most about once a second, and the retained
+    status ends as its own."""
+    import logging
+
+    topics = Topics("flood", "dev")
+    client = MqttClient(topics=topics, host="127.0.0.1", port=mqtt_broker.port)
+    client.start()
+    watcher = Subscriber(mqtt_broker.port, topics.status)
+    try:
+        assert client.wait_connected(10)
+        with caplog.at_level(logging.WARNING, logger="agent.mqtt"):
+            junk = [
+                b"{" * 100_000,
+                b"[" * 5_000 + b"]" * 5_000,
+                json.dumps({"state": "online", "instance": "x" * 70_000}).encode(),
+                json.dumps({"state": "online", "instance": "../evil\n"}).encode(),
+                json.dumps({"state": "online", "instance": 12345678}).encode(),
+                b"\xff\xfe",
+            ]
+            burst = [json.dumps({"state": "online", "instance": f"{i:08x}"}).encode() for i in range(200)]
+            pub = paho.Client(CallbackAPIVersion.VERSION2)
+            pub.connect("127.0.0.1", mqtt_broker.port)
+            pub.loop_start()
+            before = len(watcher.snapshot())
+            t0 = time.monotonic()
+            for body in [*junk, *burst]:
+                pub.publish(topics.status, body, qos=1).wait_for_publish(5)
+            pub.publish(
+                topics.status, json.dumps({"state": "offline", "instance": "00000001"}).encode(), qos=1
+            )
+            pub.disconnect()
+            pub.loop_stop()
+            time.sleep(2.5)
+            elapsed = time.monotonic() - t0
+        stats = client.stats()
+        assert stats["connected"] and 0 < len(stats["duplicates"]) <= 16, stats
+        ours = [
+            json.loads(p)
+            for _, p, _ in watcher.snapshot()[before:]
+            if p.startswith(b'{"') and json.loads(p).get("instance") == client.instance
+        ]
+        assert 1 <= len(ours) <= elapsed / 1.0 + 2, (len(ours), elapsed)
+        dup_lines = [r for r in caplog.records if "another agent publishes as device id" in r.getMessage()]
+        assert 1 <= len(dup_lines) <= 16
+        assert "evil" not in caplog.text and "Traceback" not in caplog.text
+        # The last word on the (retained) status topic is this agent's.
+        fresh = Subscriber(mqtt_broker.port, topics.status)
+        try:
+            fresh.wait_for(lambda m: bool(m), 5)
+            assert json.loads(fresh.snapshot()[-1][1])["instance"] == client.instance
+        finally:
+            fresh.close()
+    finally:
+        watcher.close()
+        client.close()

@@ -168,6 +168,9 @@ def _fields() -> dict:
             "dropped_offline": 7,
             "queued": 5,
             "published": 1,
+            "refused": 3,
+            "last_refused": "publish to x/y: Not authorized (0x87)",
+            "duplicates": ["0a1b2c3d"],
             "commands": {"rejected": 2},
         },
         gpu={},
@@ -187,7 +190,14 @@ def test_telemetry_payload_has_the_design_fields() -> None:
     }
     assert set(d["stages"]["infer"]) >= {"p50", "p95", "p99"}
     assert set(d["process"]) == {"cpu_percent", "rss_mb"}
-    assert d["mqtt"] == {"dropped_offline": 7, "queued": 5, "commands": {"rejected": 2}}
+    assert d["mqtt"] == {
+        "dropped_offline": 7,
+        "queued": 5,
+        "refused": 3,
+        "last_refused": "publish to x/y: Not authorized (0x87)",
+        "duplicates": ["0a1b2c3d"],
+        "commands": {"rejected": 2},
+    }
 
 
 def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
@@ -209,5 +219,6 @@ def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
     assert float(line.split()[-1]) == pytest.approx(0.0505, abs=1e-4)
     assert 'edge_agent_camera_fps{camera="gate",direction="in"} 25.0' in text
     assert "edge_agent_mqtt_dropped_offline 7.0" in text
+    assert "edge_agent_mqtt_refused 3.0" in text and "edge_agent_mqtt_duplicate_device_agents 1.0" in text
     assert 'edge_agent_camera_stale_frames{camera="yard"} 4.0' in text
     assert other.registry is not m.registry

@@ -30,7 +30,10 @@ MODEL = ASSETS / "nanodet-m-416.onnx"
 LABELS = ASSETS / "coco.names"
 
 # What the graceful offline status and the last will both carry (docs/DESIGN.md, status topic).
-OFFLINE_FIELDS = {"schema", "ts", "state", "reason", "version", "started_at", "cameras_up", "cameras_total"}
+OFFLINE_FIELDS = {
+    *("schema", "ts", "state", "reason", "version", "started_at", "cameras_up", "cameras_total"),
+    "instance",  # the process (agent.mqtt): tells a second agent with the same device id apart
+}
 
 TimedMessage = tuple[float, str, bytes, bool]  # monotonic arrival time, topic, payload, retain
 

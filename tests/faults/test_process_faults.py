@@ -73,6 +73,7 @@ def assert_offline_fields(status: dict, birth: dict, what: str) -> None:
     assert isinstance(status["reason"], str) and status["reason"], status
     assert status["version"] == __version__ == birth["version"], (status, birth)
     assert status["started_at"] == birth["started_at"], (status, birth)
+    assert status["instance"] == birth["instance"], (status, birth)  # the same process said both
     assert status["cameras_up"] == 0, status
     assert status["cameras_total"] == len(CAMERAS), f"{what}: cameras_total {status['cameras_total']}"
 
