@@ -392,9 +392,12 @@ def summary(report: dict[str, Any]) -> str:
         src = "RTSP" if opts["rtsp"] else ("decoded by camera readers" if opts["decode"] else "decoded once")
         if opts["decode"] or opts["rtsp"]:
             src += f", {opts.get('decoder', 'cpu').upper()} decoding"
+        # RTSP streams are whatever the server sends; the clip then only fed the recorded engine outputs.
+        feed = f"{opts['rtsp']}" if opts["rtsp"] else f"{report['clip']} at {report['resolution']}"
+        post = ", decode + NMS in the model" if opts.get("postprocess") == "graph" else ""
         parts.append(
-            f"{what}, {report['clip']} at {report['resolution']} ({src}) at {opts['fps']:g} fps per stream, "
-            f"{opts['preprocess'].upper()} preprocessing, max age {opts['max_age_ms']:g} ms."
+            f"{what}, {feed} ({src}) at {opts['fps']:g} fps per stream, "
+            f"{opts['preprocess'].upper()} preprocessing{post}, max age {opts['max_age_ms']:g} ms."
         )
         best = max(runs, key=lambda r: (r["streams"], r["batch"]))
         lat = best["latency_ms"]

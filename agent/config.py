@@ -129,6 +129,13 @@ class ModelConfig(_Strict):
     # gpu: letterbox + normalise with a CUDA kernel straight into the engine's input (needs cuda-python
     # and a backend that takes device input: TensorRT; while ONNX Runtime serves, the CPU does it).
     preprocess: Literal["cpu", "gpu"] = "cpu"
+    # graph: decode + score threshold + NMS grafted onto the ONNX before anything is built or served
+    # (pipelines.models.graft), so the engine returns detections (a few KB per frame) instead of raw heads;
+    # the grafted part stays FP32 whatever the precision (engines.islands).
+    postprocess: Literal["host", "graph"] = "host"
+    # The grafted graph's score threshold: a constant of the graph (changing it rebuilds the engine); the
+    # model's cameras need min_score >= it.
+    graph_score_threshold: float = Field(0.25, gt=0.0, lt=1.0)
 
 
 class SnapshotConfig(_Strict):
@@ -369,6 +376,13 @@ class AgentConfig(_Strict):
             if cam.model not in self.models:
                 known = ", ".join(sorted(self.models))
                 raise ValueError(f"cameras.{cam_name}.model: unknown model '{cam.model}' (known: {known})")
+            m = self.models[cam.model]
+            if m.postprocess == "graph" and cam.min_score < m.graph_score_threshold:
+                raise ValueError(
+                    f"cameras.{cam_name}.min_score: {cam.min_score:g} is below models.{cam.model}."
+                    f"graph_score_threshold {m.graph_score_threshold:g} (postprocess: graph drops lower"
+                    " scores inside the model)"
+                )
         return self
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines import islands
 from engines.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
 from engines.compat import BuildSpec, build_spec, check
 from engines.cuda_buffers import Allocator
@@ -57,6 +58,19 @@ class BuildResult:
 
 def _noop(phase: str, step: int, total: int) -> None:
     pass
+
+
+def _pin_fp32_islands(api: TrtApi, network: Any, config: Any) -> None:
+    """Weakly typed FP16/INT8 builds choose layer precisions freely: the layers of an FP32 island
+    (engines.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead.
+    Written to the TensorRT docs (per-layer precision + PREFER_PRECISION_CONSTRAINTS), not run here."""
+    layers, _ = api.network_layers(network)
+    pinned = [layer.index for layer in layers if islands.marked(layer.name)]
+    for index in pinned:
+        api.constrain_float_layer(network, index)
+    if pinned:
+        api.set_precision_constraints(config, "prefer")
+        log.info("FP32 island: %d layers pinned to FP32", len(pinned))
 
 
 def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
@@ -126,6 +140,8 @@ def build_plan(
     if prepared.precision == "int8":
         # Keep `calibrator` referenced until the build returns: TensorRT holds only a raw pointer.
         calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
+    if api.weakly_typed and prepared.precision != "fp32":
+        _pin_fp32_islands(api, network, config)
     cache, entries = (None, 0)
     if api.has_timing_cache:
         cache, entries = api.attach_timing_cache(config, timing_cache)

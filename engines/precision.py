@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 
+from engines import islands
 from engines.errors import BuildError, UnavailableError
 from engines.trt_api import TrtApi
 
@@ -94,12 +95,18 @@ def convert_fp16(onnx_path: Path) -> bytes:
         raise BuildError(
             f"cannot read ONNX model {onnx_path}: not a valid ONNX file (truncated?): {e}"
         ) from e
+    try:
+        parts = islands.split(model)  # an FP32 island (e.g. grafted NMS) is converted around, not through
+    except islands.IslandError as e:
+        raise BuildError(f"FP16 conversion of {onnx_path}: {e}") from e
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            converted = float16.convert_float_to_float16(model, keep_io_types=True)
+            converted = float16.convert_float_to_float16(parts[0] if parts else model, keep_io_types=True)
         except Exception as e:
             raise BuildError(f"FP16 conversion of {onnx_path} failed: {e}") from e
+    if parts:
+        converted = islands.join(converted, parts[1])
     if caught:
         # Constants outside the FP16 range get clamped; worth a line, not one per constant.
         log.info(

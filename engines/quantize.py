@@ -33,8 +33,9 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from engines import islands
 from engines.errors import BuildError
-from engines.fsutil import fsync_dir, temp_path_for
+from engines.fsutil import atomic_write_bytes, fsync_dir, temp_path_for
 from engines.store import sha256_file
 
 log = logging.getLogger("engines.quantize")
@@ -244,14 +245,37 @@ def make_qdq_onnx(
         raise QuantizationError(f"percentile must be in (0, 100], got {percentile}")
     if not src.is_file():
         raise QuantizationError(f"ONNX model {src} does not exist")
-    if not fold:
-        info = _make_qdq(src, src, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude)
-        return {**info, "folded": False}
     with tempfile.TemporaryDirectory(prefix="edge-agent-qdq-") as work:
-        folded = Path(work) / "folded.onnx"
-        fold_graph(src, folded)
-        info = _make_qdq(src, folded, dst, batches, method, exclude_nodes, percentile, op_types, auto_exclude)
-        return {**info, "folded": True}
+        # An FP32 island (engines.islands: grafted decode + NMS) is quantised around: the rest alone is
+        # folded and quantised, then the island goes back unchanged.
+        base, island = _without_island(src, Path(work))
+        target = dst if island is None else Path(work) / "qdq-base.onnx"
+        graph = base
+        if fold:
+            graph = Path(work) / "folded.onnx"
+            fold_graph(base, graph)
+        info = _make_qdq(
+            src, graph, target, batches, method, exclude_nodes, percentile, op_types, auto_exclude
+        )
+        if island is not None:
+            atomic_write_bytes(dst, islands.join(onnx.load(str(target)), island).SerializeToString())
+            info["sha256"] = sha256_file(dst)
+        return {**info, "folded": fold}
+
+
+def _without_island(src: Path, work: Path) -> tuple[Path, islands.Island | None]:
+    """(src, None) for a graph without an FP32 island; else (the rest written to `work`, the island)."""
+    try:
+        parts = islands.split(onnx.load(str(src)))
+    except islands.IslandError as e:
+        raise QuantizationError(f"{src}: {e}") from e
+    except Exception as e:
+        raise QuantizationError(f"cannot read ONNX model {src}: {e}") from e
+    if parts is None:
+        return src, None
+    base = work / "base.onnx"
+    onnx.save(parts[0], str(base))
+    return base, parts[1]
 
 
 def fold_graph(src: Path, out: Path) -> None:

@@ -81,6 +81,9 @@ class IoTensor:
     profile: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None
 
 
+_FLOATS = ("FLOAT", "HALF", "BF16")
+
+
 def _enum_name(value: Any) -> str:
     """Member name of a TensorRT (pybind11) or Python enum value: "CONVOLUTION", "FLOAT"."""
     name = getattr(value, "name", None)
@@ -352,6 +355,17 @@ class TrtApi:
         layer.precision = dtype
         for j in range(layer.num_outputs):
             layer.set_output_type(j, dtype)
+
+    def constrain_float_layer(self, network: Any, index: int) -> None:
+        """Run layer `index` in FP32 where it computes floats: its float outputs FP32, others (bool, int
+        indices) left as they are."""
+        layer = network.get_layer(index)
+        floats = [j for j in range(layer.num_outputs) if _enum_name(layer.get_output(j).dtype) in _FLOATS]
+        if not floats:
+            return
+        layer.precision = self.mod.DataType.FLOAT
+        for j in floats:
+            layer.set_output_type(j, self.mod.DataType.FLOAT)
 
     def explain_int8_build_failure(self, errors: list[str]) -> str | None:
         """An actionable hint for a failed explicit-quantisation (Q/DQ) build, None when we know none.

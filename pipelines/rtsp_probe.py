@@ -56,9 +56,7 @@ def diagnose(url: str, timeout: float = 3.0) -> str:
     return f"RTSP {code} {reason}".strip()
 
 
-def _describe(
-    sock: socket.socket, url: str, cseq: int, auth: str | None
-) -> tuple[int, str, dict[str, str]]:
+def _describe(sock: socket.socket, url: str, cseq: int, auth: str | None) -> tuple[int, str, dict[str, str]]:
     lines = [f"DESCRIBE {url} RTSP/1.0", f"CSeq: {cseq}", "Accept: application/sdp", "User-Agent: edge-agent"]
     if auth:
         lines.append(f"Authorization: {auth}")

@@ -134,7 +134,7 @@ def make(
     mod.DeviceType = enum.IntEnum("DeviceType", {"GPU": 0, "DLA": 1})
     mod.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
     mod.DataType = enum.IntEnum(
-        "DataType", {"FLOAT": 0, "HALF": 1, "INT32": 3, **({"INT8": 2} if int8 else {})}
+        "DataType", {"FLOAT": 0, "HALF": 1, "INT32": 3, "BOOL": 4, **({"INT8": 2} if int8 else {})}
     )
     mod.nptype = lambda dt: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32}[int(dt)]
 

@@ -530,3 +530,30 @@ def test_device_buffer_and_cuda_call_with_fake_runtime():
     ):
         DeviceBuffer(2 << 40, rt)
     assert cuda_call(rt, "x", (rt.cudaError_t(0), 1, 2)) == (1, 2)
+
+
+def test_weakly_typed_fp16_pins_the_fp32_island(tmp_path):
+    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: its float layers are
+    pinned to FP32 with PREFER_PRECISION_CONSTRAINTS; its bool/int outputs and the rest are left alone."""
+    island = [
+        ("keep_fp32/graft/Mul_7", "ELEMENTWISE", ["scores", "boxes"], [("g0", "FLOAT")]),
+        ("keep_fp32/graft/Equal_8", "ELEMENTWISE", ["g0", "g0"], [("g1", "BOOL")]),
+    ]
+    mod = fake_tensorrt.make("10.3.0", int8=True, layers=[*fake_tensorrt.DETECTOR_LAYERS, *island])
+    api = TrtApi(mod)
+    settings = BuildSettings(onnx=NANODET, precision="fp16")
+    build(EngineStore(tmp_path / "engines"), MODEL, settings, api=api, fingerprint=fp_for(api), force=True)
+    config = next(c[1] for c in mod.calls if c[0] == "build")
+    assert {mod.BuilderFlag.FP16, mod.BuilderFlag.PREFER_PRECISION_CONSTRAINTS} <= set(config.flags_set)
+    layers = {layer.name: layer for layer in mod.last_network.layers}
+    mul, eq = layers["keep_fp32/graft/Mul_7"], layers["keep_fp32/graft/Equal_8"]
+    assert mul.precision == mod.DataType.FLOAT and mul.output_types == {0: mod.DataType.FLOAT}
+    assert eq.precision is None and eq.output_types == {}
+    assert all(x.precision is None for name, x in layers.items() if not name.startswith("keep_fp32/"))
+
+    # FP32 builds (nothing to protect) and builds without an island set no constraint flag.
+    plain = fake_tensorrt.make("10.3.0", int8=True)
+    api = TrtApi(plain)
+    build(EngineStore(tmp_path / "e2"), MODEL, settings, api=api, fingerprint=fp_for(api), force=True)
+    config = next(c[1] for c in plain.calls if c[0] == "build")
+    assert plain.BuilderFlag.PREFER_PRECISION_CONSTRAINTS not in set(config.flags_set)

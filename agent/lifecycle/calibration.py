@@ -40,13 +40,10 @@ import cv2
 import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError
-from agent.lifecycle.model import ModelContext
+from agent.lifecycle.model import ModelContext, adapter_for
 from engines.fsutil import atomic_write_bytes, fsync_dir
-from engines.runtimes.base import TensorSpec
-from engines.settings import onnx_input_shapes
 from pipelines.frames import host_image
-from pipelines.models import ModelAdapter, make_adapter
-from pipelines.postprocess import load_labels
+from pipelines.models import ModelAdapter
 from pipelines.scheduler import Result
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec
 
@@ -94,18 +91,7 @@ class CalibrationSet:
 
 def model_adapter(ctx: ModelContext) -> ModelAdapter:
     """The adapter inference uses for the model, sized from its ONNX input (no runtime session needed)."""
-    mcfg, model = ctx.cfg, ctx.name
-    if mcfg.labels is None:
-        raise ConfigError(f"models.{model}.labels: required to know the class count of {mcfg.onnx}")
-    try:
-        labels = load_labels(mcfg.labels)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"models.{model}.labels: {e}") from None
-    inputs = onnx_input_shapes(mcfg.onnx)
-    if len(inputs) != 1:
-        raise ConfigError(f"models.{model}.onnx: {mcfg.onnx} has inputs {list(inputs)}; expected one image")
-    name, dims = next(iter(inputs.items()))
-    return make_adapter(mcfg.format, TensorSpec(name, dims, np.dtype(np.float32)), len(labels))
+    return adapter_for(ctx.name, ctx.cfg)
 
 
 def read_frames(paths: Iterable[Path]) -> Iterator[np.ndarray]:

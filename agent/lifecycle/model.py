@@ -13,10 +13,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from agent.config import AgentConfig, ConfigError, ModelConfig
-from engines.settings import BuildSettings, profiles_from_json
+from engines.runtimes.base import TensorSpec
+from engines.settings import BuildSettings, onnx_input_shapes, profiles_from_json
+from pipelines.models import ModelAdapter, make_adapter
+from pipelines.postprocess import load_labels
 
 DEFAULT_SCORE_THRESHOLD = 0.4  # the camera default min_score
+
+
+def adapter_for(name: str, mcfg: ModelConfig) -> ModelAdapter:
+    """The adapter inference uses for the model, sized from its ONNX input (no runtime session needed)."""
+    if mcfg.labels is None:
+        raise ConfigError(f"models.{name}.labels: required to know the class count of {mcfg.onnx}")
+    try:
+        labels = load_labels(mcfg.labels)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"models.{name}.labels: {e}") from None
+    inputs = onnx_input_shapes(mcfg.onnx)
+    if len(inputs) != 1:
+        raise ConfigError(f"models.{name}.onnx: {mcfg.onnx} has inputs {list(inputs)}; expected one image")
+    input_name, dims = next(iter(inputs.items()))
+    return make_adapter(mcfg.format, TensorSpec(input_name, dims, np.dtype(np.float32)), len(labels))
 
 
 @dataclass(frozen=True)
@@ -31,7 +51,13 @@ class ModelContext:
         if name not in cfg.models:
             raise ConfigError(f"models.{name}: unknown model (known: {', '.join(sorted(cfg.models))})")
         scores = [c.min_score for c in cfg.cameras.values() if c.model == name and c.enabled]
-        return cls(name, cfg.models[name], Path(cfg.engine_dir), min(scores, default=DEFAULT_SCORE_THRESHOLD))
+        mcfg = cfg.models[name]
+        if mcfg.postprocess == "graph":  # from here on the grafted graph is the model (agent.lifecycle.graft)
+            from agent.lifecycle.graft import grafted_onnx
+
+            grafted = grafted_onnx(name, mcfg, Path(cfg.engine_dir), adapter_for(name, mcfg))
+            mcfg = mcfg.model_copy(update={"onnx": grafted})
+        return cls(name, mcfg, Path(cfg.engine_dir), min(scores, default=DEFAULT_SCORE_THRESHOLD))
 
     # ---- JSON form (the precision job request) -------------------------------------------------
     def to_json(self) -> dict[str, Any]:

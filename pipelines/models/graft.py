@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from engines.islands import KEEP_FP32
 from pipelines.models.base import GRAFTED_OUTPUTS as OUTPUTS
 from pipelines.models.base import ModelAdapter, decode_grafted
 from pipelines.models.nanodet import NanoDetAdapter
@@ -50,7 +51,8 @@ class _Graph:
     def op(self, kind: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
         name = out or f"graft/{kind}_{self.n}"
         self.n += 1
-        self.graph.node.append(helper.make_node(kind, inputs, [name], name=name, **attrs))
+        # Node names mark the FP32 island (engines.islands): precision routes leave these nodes alone.
+        self.graph.node.append(helper.make_node(kind, inputs, [name], name=KEEP_FP32 + name, **attrs))
         return name
 
 
@@ -329,7 +331,9 @@ def _matrix_tail(
     # Pairwise IoU (B, T, T): rows i, columns j.
     x1, y1, x2, y2 = (f"graft/c{i}_{g.n}" for i in range(4))
     g.n += 1
-    g.graph.node.append(helper.make_node("Split", [cand_boxes], [x1, y1, x2, y2], axis=2, name=f"{x1}_split"))
+    g.graph.node.append(
+        helper.make_node("Split", [cand_boxes], [x1, y1, x2, y2], axis=2, name=f"{KEEP_FP32}{x1}_split")
+    )
     perm = [0, 2, 1]
     x1t, y1t, x2t, y2t = (g.op("Transpose", [c], perm=perm) for c in (x1, y1, x2, y2))
     iw = g.op("Max", [g.op("Sub", [g.op("Min", [x2, x2t]), g.op("Max", [x1, x1t])]), z])
@@ -351,15 +355,16 @@ def _matrix_tail(
     valid_row = g.op("Unsqueeze", [valid, g.const(np.array([1], np.int64), "ax1")])  # (B, 1, T)
 
     # Loop body: keep_out = valid * (keep_in @ M == 0); continue while anything changed.
+    step = f"{KEEP_FP32}graft/nms_step/"
     body_nodes = [
-        helper.make_node("MatMul", ["keep_in", m], ["hits"]),
-        helper.make_node("Equal", ["hits", z], ["free"]),
-        helper.make_node("Cast", ["free"], ["free_f"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", [valid_row, "free_f"], ["keep_out"]),
-        helper.make_node("Sub", ["keep_out", "keep_in"], ["delta"]),
-        helper.make_node("Abs", ["delta"], ["change"]),
-        helper.make_node("ReduceMax", ["change"], ["most"], keepdims=0),
-        helper.make_node("Greater", ["most", z], ["cond_out"]),
+        helper.make_node("MatMul", ["keep_in", m], ["hits"], name=step + "hits"),
+        helper.make_node("Equal", ["hits", z], ["free"], name=step + "free"),
+        helper.make_node("Cast", ["free"], ["free_f"], to=TensorProto.FLOAT, name=step + "free_f"),
+        helper.make_node("Mul", [valid_row, "free_f"], ["keep_out"], name=step + "keep_out"),
+        helper.make_node("Sub", ["keep_out", "keep_in"], ["delta"], name=step + "delta"),
+        helper.make_node("Abs", ["delta"], ["change"], name=step + "change"),
+        helper.make_node("ReduceMax", ["change"], ["most"], keepdims=0, name=step + "most"),
+        helper.make_node("Greater", ["most", z], ["cond_out"], name=step + "cond_out"),
     ]
     body = helper.make_graph(
         body_nodes,

@@ -1,0 +1,129 @@
+"""FP32 islands: the tail of a graph that stays FP32 through every precision route.
+
+    parts = split(model)            # None when no node is marked
+    base, island = parts
+    converted = convert(base)       # FP16 conversion or INT8 Q/DQ of the rest only
+    model = join(converted, island)
+
+Why: decode + NMS grafted onto a detector (pipelines.models.graft) compares box areas in input pixels
+(up to ~10^5, beyond FP16's 65504) and iterates a Loop that onnxconverter-common cannot convert (measured:
+the converted graft fails to load in ONNX Runtime, with or without a node block list). Its nodes carry
+names starting with KEEP_FP32; conversions run on the rest and put the island back unchanged, and weakly
+typed TensorRT builds pin the island's layers to FP32 (engines.trt_network).
+
+An island must be a tail: it may read tensors of the rest, the rest may not read its tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+KEEP_FP32 = "keep_fp32/"
+
+
+class IslandError(ValueError):
+    """The marked nodes are not a tail of the graph (the message names a node and a tensor)."""
+
+
+@dataclass
+class Island:
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    outputs: list[onnx.ValueInfoProto]  # the whole model's outputs
+
+
+def marked(name: str) -> bool:
+    """A node (or a TensorRT layer the ONNX parser named after it) of an FP32 island."""
+    return name.startswith(KEEP_FP32)
+
+
+def split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Island] | None:
+    """(the model without its island, whose outputs are the tensors the island reads; the island), or None
+    when no node is marked. IslandError when the marked nodes are not a tail."""
+    graph = model.graph
+    island_nodes = [n for n in graph.node if marked(n.name)]
+    if not island_nodes:
+        return None
+    rest = [n for n in graph.node if not marked(n.name)]
+    made_by_island = {o for n in island_nodes for o in n.output}
+    for node in rest:
+        for name in _reads(node):
+            if name in made_by_island:
+                raise IslandError(f"node {node.name or node.op_type!r} reads {name!r} of the FP32 island")
+    island_reads = {name for n in island_nodes for name in _reads(n)}
+    rest_reads = {name for n in rest for name in _reads(n)}
+    inits = {i.name: i for i in graph.initializer}
+    moved = [inits[name] for name in sorted(island_reads & inits.keys())]
+    shared = [i.name for i in moved if i.name in rest_reads]
+    if shared:
+        raise IslandError(f"initializer {shared[0]!r} is read by the FP32 island and by the rest")
+    made_by_rest = {o for n in rest for o in n.output} | {i.name for i in graph.input}
+    boundary = sorted(island_reads & made_by_rest)
+    if not any(o.name in made_by_island for o in graph.output):
+        raise IslandError("the FP32 island produces none of the model's outputs")
+    kept_outputs = [o for o in graph.output if o.name not in made_by_island]
+    typed = _value_infos(model)
+
+    base = onnx.ModelProto()
+    base.CopyFrom(model)
+    moved_names = {i.name for i in moved}
+    del base.graph.node[:]
+    base.graph.node.extend(rest)
+    keep_inits = [i for i in graph.initializer if i.name not in moved_names]
+    del base.graph.initializer[:]
+    base.graph.initializer.extend(keep_inits)
+    del base.graph.output[:]
+    base.graph.output.extend(kept_outputs)
+    base.graph.output.extend(
+        typed.get(name) or helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        for name in boundary
+    )
+    island_tensors = made_by_island | moved_names
+    kept_info = [v for v in graph.value_info if v.name not in island_tensors]
+    del base.graph.value_info[:]
+    base.graph.value_info.extend(kept_info)
+    return base, Island(island_nodes, moved, list(graph.output))
+
+
+def join(base: onnx.ModelProto, island: Island) -> onnx.ModelProto:
+    """The converted base with the island put back: the model's original outputs again."""
+    model = onnx.ModelProto()
+    model.CopyFrom(base)
+    model.graph.node.extend(island.nodes)
+    model.graph.initializer.extend(island.initializers)
+    del model.graph.output[:]
+    model.graph.output.extend(island.outputs)
+    return model
+
+
+def _reads(node: onnx.NodeProto) -> Iterator[str]:
+    """Every tensor name a node reads, including those its subgraphs (Loop/If bodies) take from outside."""
+    yield from (i for i in node.input if i)
+    for attr in node.attribute:
+        for sub in _subgraphs(attr):
+            inner = {i.name for i in sub.input} | {i.name for i in sub.initializer}
+            inner |= {o for n in sub.node for o in n.output}
+            for n in sub.node:
+                yield from (name for name in _reads(n) if name not in inner)
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return [attr.g]
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        return list(attr.graphs)
+    return []
+
+
+def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Types and shapes of the model's tensors as ONNX's shape inference sees them (empty if it cannot)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a model shape inference cannot follow still splits; boundary types default to float
+        return {}
+    g = inferred.graph
+    return {v.name: v for v in (*g.value_info, *g.input, *g.output)}
