@@ -180,10 +180,11 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         host, port, prefix, username = m.host, m.port, m.prefix, m.username
         password = m.read_password()
         tls = m.tls.options() if m.tls is not None else None
-    host = args.mqtt_host or host
-    port = args.mqtt_port or port
-    prefix = args.prefix or prefix
-    username = args.username or username
+    # A flag given overrides the config, even when it is empty or zero (then refused, not ignored).
+    host = host if args.mqtt_host is None else args.mqtt_host
+    port = port if args.mqtt_port is None else args.mqtt_port
+    prefix = prefix if args.prefix is None else args.prefix
+    username = username if args.username is None else args.username
     try:
         if args.password_file:
             password = read_password_file(args.password_file)

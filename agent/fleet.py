@@ -69,6 +69,8 @@ def collect(
         raise FleetError(f"prefix {prefix!r}: must be a topic prefix without '+', '#' or an outer '/'")
     if not 1 <= port <= 65535:
         raise FleetError(f"port {port}: must be 1..65535")
+    if not host or host != host.strip():
+        raise FleetError(f"host {host!r}: must be a host name or IP address")
     views: dict[str, DeviceView] = {}
     lock = threading.Lock()
     subscribed = threading.Event()

@@ -118,6 +118,8 @@ def test_fleet_status_errors_are_one_line(tmp_path: Path) -> None:
     for args, expect in (
         (["--prefix", "a/+"], "prefix 'a/+': must be a topic prefix"),
         (["--mqtt-port", "70000"], "port 70000: must be 1..65535"),
+        (["--mqtt-port", "0"], "port 0: must be 1..65535"),
+        (["--mqtt-host", ""], "host '': must be a host name or IP address"),
         (
             ["--password-file", str(tmp_path / "missing")],
             f"password_file {tmp_path / 'missing'}: cannot read",
