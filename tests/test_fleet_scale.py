@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from fixtures_agent import ASSETS, AgentProcess, bundled_model, run_cli, wait
 from fixtures_mqtt import Broker, Message, Subscriber
+from test_fleet import answers
 
 PREFIX = "fleet10"
 N = 10
@@ -39,16 +40,6 @@ def config(
     path = tmp_path / f"{name or device}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def answers(msgs: list[Message], request_id: str) -> list[tuple[str, dict]]:
-    out = []
-    for topic, raw, _ in msgs:
-        if topic.endswith("/result") and "/cmd/" in topic:
-            body = json.loads(raw)
-            if body.get("request_id") == request_id:
-                out.append((topic, body))
-    return out
 
 
 def latest_status(msgs: list[Message], device: str) -> dict | None:
