@@ -79,6 +79,7 @@ def test_readme_acl_confines_each_agent_and_refusals_are_reported(
                     "yard-01",
                     username="yard-01",
                     password_file=str(tmp_path / "yard-01.pw"),
+                    shared_subscriptions=True,  # the README's ACL lets it take "one agent" commands too
                 )
             )
             # A copied config: logs in as yard-02 with device_id yard-03, outside what yard-02 may write.
@@ -100,8 +101,14 @@ def test_readme_acl_confines_each_agent_and_refusals_are_reported(
             )
             ops.publish("edge-agent/_all/cmd/reload", json.dumps({"request_id": "acl-all"}))
             ops.publish("edge-agent/_group/yard/cmd/reload", json.dumps({"request_id": "acl-yard"}))
+            ops.publish("edge-agent/_any/cmd/reload", json.dumps({"request_id": "acl-any"}))
+            ops.publish("edge-agent/_group/yard/any/cmd/reload", json.dumps({"request_id": "acl-yard-any"}))
             wait(
-                ops, lambda m: answers(m, "acl-all") and answers(m, "acl-yard"), 30, good, "yard-01's answers"
+                ops,
+                lambda m: all(answers(m, r) for r in ("acl-all", "acl-yard", "acl-any", "acl-yard-any")),
+                30,
+                good,
+                "yard-01's answers",
             )
             wait(
                 ops,
@@ -115,7 +122,8 @@ def test_readme_acl_confines_each_agent_and_refusals_are_reported(
             # Nothing of yard-03 got past the broker; yard-01 answered each command once, on its own topic.
             assert not [t for t, _, _ in msgs if t.startswith("edge-agent/yard-03/")]
             assert [a["device"] for a in answers(msgs, "acl-all")] == ["yard-01"]
-            assert [a["device"] for a in answers(msgs, "acl-yard")] == ["yard-01"]
+            for request in ("acl-yard", "acl-any", "acl-yard-any"):
+                assert [a["device"] for a in answers(msgs, request)] == ["yard-01"], request
             tele = [json.loads(p) for t, p, _ in msgs if t == "edge-agent/yard-01/telemetry"]
             assert tele and tele[-1]["mqtt"]["refused"] == 0, tele[-1:]
             log = stray.text()
