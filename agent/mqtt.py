@@ -504,6 +504,8 @@ class MqttClient:
             # on_disconnect that follows schedules the retry.
             name = reason.getName() if hasattr(reason, "getName") else str(reason)
             hint = " (check mqtt.username and the password)" if name in _AUTH_REFUSALS else ""
+            if "protocol version" in name.lower() and self.protocol == "5":
+                hint = ' (an MQTT 3.1.1 broker: set mqtt.protocol: "3.1.1")'
             with self._lock:
                 self._refused = True
             self._attempt_failed("refused", f"refused the connection: {name}{hint}")

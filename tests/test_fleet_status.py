@@ -242,3 +242,40 @@ def test_own_status_topic_flood_is_bounded(mqtt_broker: Broker, caplog: pytest.L
     finally:
         watcher.close()
         client.close()
+
+
+def test_a_3_1_1_only_broker_gets_a_hint(caplog: pytest.LogCaptureFixture) -> None:
+    """fake_ broker: answers every CONNECT as an MQTT 3.1.1-only broker does to MQTT 5 (CONNACK, return code 1
+    "unacceptable protocol version"); mosquitto 2 speaks both versions, so no real one refuses here."""
+    import logging
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def fake_old_broker() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"\x20\x02\x00\x01")
+                time.sleep(0.2)
+
+    threading.Thread(target=fake_old_broker, daemon=True).start()
+    client = MqttClient(topics=Topics("p", "d"), host="127.0.0.1", port=srv.getsockname()[1])
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent.mqtt"):
+            client.start()
+            deadline = time.monotonic() + 10
+            while not client.stats()["last_error"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert 'set mqtt.protocol: "3.1.1"' in (client.stats()["last_error"] or ""), client.stats()
+        assert 'set mqtt.protocol: "3.1.1"' in caplog.text
+    finally:
+        client.close()
+        srv.close()
