@@ -161,6 +161,9 @@ class CameraConfig(_Strict):
     snapshot: SnapshotConfig = SnapshotConfig()
     # auto: NVDEC where the host, the stream's codec and its size allow it, else the CPU (reason logged).
     decoder: Literal["auto", "cpu", "nvdec"] = "auto"
+    # NVDEC output: low hands out each picture with its packet; native lets the decoder hold up to 4 back
+    # (more decode throughput per GPU, up to 4 frames more latency; capture times stay those of the packets).
+    decoder_latency: Literal["low", "native"] = "low"
 
     @model_validator(mode="after")
     def _one_source(self) -> CameraConfig:

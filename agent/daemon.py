@@ -263,7 +263,9 @@ class Agent:
             open_timeout_s=cam.open_timeout_s,
             read_timeout_s=cam.read_timeout_s,
         )
-        reader = open_reader(spec, slot, self._on_camera_state, decoder=cam.decoder)
+        reader = open_reader(
+            spec, slot, self._on_camera_state, decoder=cam.decoder, latency=cam.decoder_latency
+        )
         self.cameras[name] = CameraRuntime(name, cam, reader)
         worker.add_camera(CameraRoute(name, slot, mask, cam.min_score))
 

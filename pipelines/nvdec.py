@@ -23,6 +23,7 @@ the camera's `decoder_reason`. `nvdec` named explicitly turns the same reasons i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import importlib
@@ -309,9 +310,17 @@ class NvdecDecoder:
     """One NVDEC session on its own stream; `decode(packet)` -> owned DeviceNv12 pictures, in order."""
 
     def __init__(
-        self, codec: str, *, device: int = 0, matrix: str = "bt601", full_range: bool = False, nvc: Any = None
+        self,
+        codec: str,
+        *,
+        device: int = 0,
+        matrix: str = "bt601",
+        full_range: bool = False,
+        nvc: Any = None,
+        latency: str = "LOW",
     ) -> None:
         self._nvc = nvc or import_nvc()
+        self.latency = latency  # DisplayDecodeLatencyType member; cameras use LOW (benchmarks compare NATIVE)
         self._rt = import_cudart()
         cuda_call(self._rt, "cudaSetDevice", self._rt.cudaSetDevice(device))
         self._holder = _StreamHolder(self._rt)
@@ -333,7 +342,7 @@ class NvdecDecoder:
             cudastream=self._holder.stream.handle,
             usedevicememory=True,
             # LOW: a picture leaves with the packet that completes it (NATIVE holds 4 back: 160 ms at 25 fps).
-            latency=nvc.DisplayDecodeLatencyType.LOW,
+            latency=getattr(nvc.DisplayDecodeLatencyType, self.latency),
         )
 
     def _new_sequence(self, data: np.ndarray) -> list[DeviceNv12]:
@@ -461,6 +470,7 @@ def open_reader(
     *,
     decoder: str = "auto",
     device: int = 0,
+    latency: str = "low",
 ) -> CameraReader:
     """The reader a camera's `decoder` setting asks for: cpu, nvdec, or auto (NVDEC where it works).
 
@@ -482,7 +492,7 @@ def open_reader(
             reader = CameraReader(spec, slot, on_state)
             reader.decoder_reason = "a GStreamer pipeline decodes itself"
             return reader
-    return NvdecReader(spec, slot, on_state, mode=decoder, device=device)
+    return NvdecReader(spec, slot, on_state, mode=decoder, device=device, latency=latency)
 
 
 class NvdecReader(CameraReader):
@@ -500,12 +510,17 @@ class NvdecReader(CameraReader):
         *,
         mode: str = "auto",
         device: int = 0,
+        latency: str = "low",
         **kwargs: Any,
     ) -> None:
         super().__init__(spec, slot, on_state, **kwargs)
         if mode not in ("auto", "nvdec"):
             raise ValueError(f"camera {spec.camera!r}: NvdecReader mode must be auto or nvdec, not {mode!r}")
-        self.mode, self.device = mode, device
+        if latency not in ("low", "native"):
+            raise ValueError(
+                f"camera {spec.camera!r}: decoder latency must be low or native, not {latency!r}"
+            )
+        self.mode, self.device, self.latency = mode, device, latency
         self.decoder = "nvdec"  # what decodes now: nvdec, or cpu after an auto fallback
         self.decoder_reason: str | None = None
         self.decode_stats = DecodeStats()  # summed over sessions
@@ -584,7 +599,7 @@ class NvdecReader(CameraReader):
             finally:
                 cpu_cap.release()
         try:
-            decoder = NvdecDecoder(codec, device=self.device, nvc=nvc)
+            decoder = NvdecDecoder(codec, device=self.device, nvc=nvc, latency=self.latency.upper())
         except Exception as exc:  # out of device memory, too many sessions: other cameras keep streaming
             return self._fail(
                 f"NVDEC session for {codec} {w}x{h} could not be created: {type(exc).__name__}: {exc}"
@@ -612,8 +627,36 @@ class NvdecReader(CameraReader):
             if 0 < native <= 1000:
                 pace = 1.0 / native
         limit = 1.0 / spec.fps if spec.fps else 0.0
-        next_pace, next_emit = time.monotonic(), None
+        next_pace = time.monotonic()
+        next_emit: float | None = None
         delivered = 0
+        # When each packet arrived, in decode order: a picture the decoder hands out later (latency native, or
+        # the pictures of a flush) is stamped with its own packet's arrival, not with the moment it came out.
+        # Camera streams decode in display order (no B-frames); with B-frames this is the nearest packet.
+        arrivals: collections.deque[tuple[float, float]] = collections.deque()
+        held_back = 0 if decoder.latency == "LOW" else 4  # pictures the decoder may still owe
+
+        def emit(pictures: list[DeviceNv12]) -> None:
+            nonlocal next_emit, delivered
+            for picture in pictures:
+                arrived, arrived_wall = arrivals.popleft() if arrivals else (time.monotonic(), time.time())
+                self.frames_read += 1
+                if limit:
+                    now = time.monotonic()
+                    if next_emit is not None and now < next_emit:
+                        continue  # decoded (later pictures need it) but not delivered
+                    next_emit = (
+                        now + limit if next_emit is None or now - next_emit > limit else next_emit + limit
+                    )
+                frame = Frame(spec.camera, self._next_id, picture, arrived_wall)  # type: ignore[arg-type]
+                frame.stamps["captured"] = arrived
+                self._next_id += 1
+                self.frames_in += 1
+                delivered += 1
+                if delivered == 1:
+                    self._set_state("streaming", None)
+                self.slot.put(frame)
+
         while not self._stopping.is_set():
             if pace:
                 delay = next_pace - time.monotonic()
@@ -627,8 +670,10 @@ class NvdecReader(CameraReader):
                 return delivered, self._scrub(f"read error on {self.display}: {exc}")
             t1 = time.monotonic()
             if not ok or packet is None:
+                if is_file:
+                    emit(decoder.flush())  # the pictures a native-latency decoder still holds
+                    arrivals.clear()
                 if is_file and spec.loop and delivered:
-                    decoder.flush()
                     if not cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
                         cap.open(self._target.target, self._target.api, self._open_params())
                     continue
@@ -642,23 +687,12 @@ class NvdecReader(CameraReader):
             if not is_file and t1 - t0 >= spec.read_timeout_s:
                 return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
             keyframe = bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))
-            for picture in decoder.decode(packet, keyframe):
-                self.frames_read += 1
-                if limit:
-                    now = time.monotonic()
-                    if next_emit is not None and now < next_emit:
-                        continue  # decoded (later pictures need it) but not delivered
-                    next_emit = (
-                        now + limit if next_emit is None or now - next_emit > limit else next_emit + limit
-                    )
-                frame = Frame(spec.camera, self._next_id, picture, time.time())  # type: ignore[arg-type]
-                frame.stamp("captured")
-                self._next_id += 1
-                self.frames_in += 1
-                delivered += 1
-                if delivered == 1:
-                    self._set_state("streaming", None)
-                self.slot.put(frame)
+            arrivals.append((t1, time.time()))
+            emit(decoder.decode(packet, keyframe))
+            # Packets that gave no picture (parameter sets, a skipped corrupt packet) must not shift the
+            # stamps of later pictures by more than the decoder can hold back.
+            while len(arrivals) > held_back:
+                arrivals.popleft()
         return delivered, "stopped"
 
     def run(self) -> None:

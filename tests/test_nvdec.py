@@ -105,3 +105,69 @@ def test_config_decoder_values_and_pipeline_rule(tmp_path: Path) -> None:
         load_config(path)
     path.write_text(CONFIG.format(source="url: rtsp://h/s", decoder="auto").replace(", decoder: auto", ""))
     assert load_config(path).cameras["c"].decoder == "auto"
+
+
+class _Collecting(FrameSlot):
+    def __init__(self) -> None:
+        super().__init__()
+        self.all: list = []
+
+    def put(self, frame) -> None:  # type: ignore[no-untyped-def, override]
+        self.all.append(frame)
+        super().put(frame)
+
+
+class fake_delaying_decoder:
+    """Hands out the picture of packet k after packet k + delay (as NVDEC's native latency holds up to 4
+    back); the "picture" is k itself. Records when each decode() call came."""
+
+    def __init__(self, delay: int, latency: str) -> None:
+        self.delay, self.latency = delay, latency
+        self.calls: list[float] = []
+        self.pending: list[int] = []
+
+    def decode(self, packet: object, keyframe: bool) -> list[int]:
+        import time
+
+        self.calls.append(time.time())
+        self.pending.append(len(self.calls) - 1)
+        return [self.pending.pop(0)] if len(self.pending) > self.delay else []
+
+    def flush(self) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize(("delay", "latency"), [(0, "LOW"), (4, "NATIVE")])
+def test_pictures_carry_the_capture_time_of_their_own_packet(delay: int, latency: str) -> None:
+    """A picture that leaves the decoder packets later is stamped with its own packet's arrival (between the
+    decode calls of packets k-1 and k), so frame age counts the decoder's hold-back."""
+    import cv2
+
+    spec = SourceSpec(camera="cam", url=str(CLIP), realtime=False, loop=False)
+    slot = _Collecting()
+    reader = NvdecReader(spec, slot, mode="nvdec")
+    dec = fake_delaying_decoder(delay, latency)
+    cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    try:
+        delivered, why = reader._stream_packets(cap, dec)  # type: ignore[arg-type]
+    finally:
+        cap.release()
+    assert why.startswith("end of file") and delivered == len(slot.all) > 100
+    for frame in slot.all:
+        k = frame.image
+        assert dec.calls[k] >= frame.ts_capture, k
+        assert k == 0 or frame.ts_capture >= dec.calls[k - 1], k
+
+
+def test_decoder_latency_setting() -> None:
+    from agent.config import parse_config
+
+    base = {"models": {"m": {"onnx": "m.onnx"}}}
+    cam = {"url": "rtsp://x/y", "model": "m"}
+    assert parse_config({**base, "cameras": {"c": cam}}).cameras["c"].decoder_latency == "low"
+    native = parse_config({**base, "cameras": {"c": {**cam, "decoder_latency": "native"}}})
+    assert native.cameras["c"].decoder_latency == "native"
+    with pytest.raises(ConfigError, match=r"a.yaml: cameras.c.decoder_latency"):
+        parse_config({**base, "cameras": {"c": {**cam, "decoder_latency": "fast"}}}, "a.yaml")
+    with pytest.raises(ValueError, match="decoder latency must be low or native"):
+        NvdecReader(_spec(), FrameSlot(), mode="nvdec", latency="fast")

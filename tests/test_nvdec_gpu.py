@@ -345,3 +345,42 @@ def test_decoder_creation_out_of_device_memory_fails_that_camera_only(nvc, tmp_p
         torch.cuda.empty_cache()
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("latency", ["low", "native"])
+def test_reader_latency_modes_deliver_every_picture_in_order(nvc, tmp_path: Path, latency: str) -> None:  # type: ignore[no-untyped-def]
+    """Native latency (the decoder holds pictures back) still delivers every picture, in order, each stamped
+    no later than the moment it reached the slot."""
+    from pipelines.nvdec import NvdecReader
+
+    frames = _clip(12, (640, 272))
+    path = tmp_path / "c.h264"
+    path.write_bytes(encode_pcm(frames))
+
+    class Collect(FrameSlot):
+        def __init__(self) -> None:
+            super().__init__()
+            self.all: list = []
+
+        def put(self, frame) -> None:  # type: ignore[no-untyped-def, override]
+            frame.stamp("queued_test")
+            self.all.append(frame)
+            super().put(frame)
+
+    slot = Collect()
+    reader = NvdecReader(
+        SourceSpec(camera="l", url=str(path), realtime=False), slot, mode="nvdec", latency=latency
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(slot.all) < 12 and time.monotonic() < deadline:  # the file's pictures, then a reopen
+            time.sleep(0.05)
+    finally:
+        reader.stop()
+    lumas = [f.image.download() for f in slot.all[:12]]
+    assert len(lumas) == 12, len(lumas)
+    want = [cv2.cvtColor(cv2.cvtColor(f, cv2.COLOR_BGR2YUV_I420), cv2.COLOR_YUV2BGR_I420) for f in frames]
+    assert all(np.abs(a.astype(int) - b.astype(int)).mean() < 2.0 for a, b in zip(lumas, want, strict=True))
+    assert all(f.stamps["captured"] <= f.stamps["queued_test"] for f in slot.all[:12])
+    assert [f.frame_id for f in slot.all[:12]] == list(range(12))

@@ -26,13 +26,18 @@ from typing import Any
 import cv2
 import psutil
 
+# --latency: the decoders' DisplayDecodeLatencyType in every variant; None: each its own default
+# (PyNvVideoCodec's NATIVE in its loop, the cameras' LOW in the agent's path).
+LATENCY: list[str | None] = [None]
+
 
 def _pnv_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
     import PyNvVideoCodec as nvc
 
+    latency = getattr(nvc.DisplayDecodeLatencyType, LATENCY[0] or "NATIVE")
     while not stop.is_set():
         demux = nvc.CreateDemuxer(filename=clip)
-        dec = nvc.CreateDecoder(gpuid=0, codec=demux.GetNvCodecId(), usedevicememory=True)
+        dec = nvc.CreateDecoder(gpuid=0, codec=demux.GetNvCodecId(), usedevicememory=True, latency=latency)
         for packet in demux:
             counts[i] += len(dec.Decode(packet))
             if stop.is_set():
@@ -44,7 +49,7 @@ def _agent_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -
 
     while not stop.is_set():
         cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
-        dec = NvdecDecoder(_fourcc(cap.get(cv2.CAP_PROP_FOURCC)))
+        dec = NvdecDecoder(_fourcc(cap.get(cv2.CAP_PROP_FOURCC)), latency=LATENCY[0] or "LOW")
         try:
             while not stop.is_set():
                 ok, packet = cap.read()
@@ -80,7 +85,8 @@ def _nocopy_stream(clip: str, stop: threading.Event, counts: list[int], i: int) 
     while not stop.is_set():
         cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
         codec = getattr(nvc.cudaVideoCodec, _CODECS[_fourcc(cap.get(cv2.CAP_PROP_FOURCC)).lower()])
-        dec = nvc.CreateDecoder(gpuid=0, codec=codec, usedevicememory=True)
+        latency = getattr(nvc.DisplayDecodeLatencyType, LATENCY[0] or "LOW")
+        dec = nvc.CreateDecoder(gpuid=0, codec=codec, usedevicememory=True, latency=latency)
         while not stop.is_set():
             ok, packet = cap.read()
             if not ok:
@@ -155,8 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         help="run the variants in turn this many times; report medians (the baseline itself varies ~10%%"
         " run to run on the H100)",
     )
+    p.add_argument(
+        "--latency",
+        choices=["NATIVE", "LOW"],
+        help="one decoder output latency for every variant: NATIVE (pictures up to 4 packets later) or LOW"
+        " (each with its packet); default: PyNvVideoCodec's loop NATIVE, the agent's path LOW (as cameras)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    LATENCY[0] = args.latency
     variants = ["pynvvideocodec", "agent"] + (["cpu"] if args.cpu else [])
     variants += ["opencv-demux", "agent-nocopy"] if args.attribute else []
     results = []
@@ -166,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = {**run(v, args.clip, n, args.seconds), "repeat": rep}
                 print(json.dumps(r), flush=True)
                 results.append(r)
-    report: dict[str, Any] = {"clip": args.clip, "seconds": args.seconds, "results": results}
+    report: dict[str, Any] = {
+        "clip": args.clip,
+        "seconds": args.seconds,
+        "latency": args.latency,
+        "results": results,
+    }
     for n in sorted({r["streams"] for r in results}):
         ref = [r for r in results if r["streams"] == n and r["variant"] == "pynvvideocodec"]
         ours = [r for r in results if r["streams"] == n and r["variant"] == "agent"]
