@@ -99,7 +99,14 @@ class Readers:
 
     def decode_stats(self) -> dict[str, float]:
         """NVDEC sessions' totals: packets, pictures, errors, host seconds inside Decode()."""
-        out = {"packets": 0.0, "frames": 0.0, "errors": 0.0, "decode_s": 0.0}
+        out = {
+            "packets": 0.0,
+            "frames": 0.0,
+            "errors": 0.0,
+            "decode_s": 0.0,
+            "demux_cpu_s": 0.0,
+            "decode_cpu_s": 0.0,
+        }
         for r in self._readers:
             totals = getattr(r, "decode_totals", None)
             stats = totals() if totals is not None else None
@@ -224,6 +231,7 @@ def measure(
         dec0 = sources.decode_stats() if isinstance(sources, Readers) else None
         cpu0 = proc.cpu_times()
         threads0 = _thread_cpu(proc)
+        stage_cpu0 = dict(worker.cpu_s)
         t0 = time.monotonic()
         measuring.set()
         timeline = _watch(spec, worker, sources, proc, t0, frames0, rec)
@@ -232,6 +240,7 @@ def measure(
         elapsed = time.monotonic() - t0
         cpu1 = proc.cpu_times()
         threads1 = _thread_cpu(proc)
+        stage_cpu1 = dict(worker.cpu_s)
         offered = sources.offered - offered0
         frames = worker.frames - frames0
         batches = worker.batches - batches0
@@ -240,6 +249,7 @@ def measure(
         stale = worker.stale - stale0
         busy = getattr(backend, "busy_s", 0.0) - busy0
         decode = _decode_window(sources, dec0, elapsed)
+        by_stage = _by_stage(stage_cpu0, stage_cpu1, sources, dec0, frames)
     finally:
         sources.stop()
         worker.stop(timeout=10)
@@ -267,6 +277,7 @@ def measure(
         "cpu_ms_per_frame": round(cpu_s * 1000.0 / frames, 3) if frames else None,
         "cpu_percent": round(100.0 * cpu_s / elapsed, 1),
         "cpu_ms_per_frame_by_thread": _by_role(threads0, threads1, cpu_s, frames),
+        "cpu_ms_per_frame_by_stage": by_stage,
         "decode": decode,
         "timeline": timeline,
     }
@@ -310,6 +321,26 @@ def _by_role(
         out[role] = out.get(role, 0.0) + spent
     out["other"] = out.get("other", 0.0) + max(0.0, total_s - sum(out.values()))
     return {k: round(v * 1000.0 / frames, 3) for k, v in sorted(out.items())}
+
+
+def _by_stage(
+    before: dict[str, float],
+    after: dict[str, float],
+    sources: LoopedClip | Readers,
+    dec0: dict[str, float] | None,
+    frames: int,
+) -> dict[str, float] | None:
+    """Host CPU ms per processed frame of each stage, from time.thread_time() around it: demux and decode
+    (NVDEC readers; a CPU reader's read() does both and shows as demux_decode by thread), preprocess,
+    postprocess, publish (the sinks: payload and MQTT hand-off)."""
+    if not frames:
+        return None
+    out = {k: after[k] - before.get(k, 0.0) for k in after}
+    if isinstance(sources, Readers) and dec0 is not None and sources.decoder == "nvdec":
+        dec1 = sources.decode_stats()
+        out["demux"] = dec1["demux_cpu_s"] - dec0["demux_cpu_s"]
+        out["decode"] = dec1["decode_cpu_s"] - dec0["decode_cpu_s"]
+    return {k: round(v * 1000.0 / frames, 3) for k, v in out.items()}
 
 
 def _decode_window(sources: LoopedClip | Readers, before: dict[str, float] | None, elapsed: float) -> Any:

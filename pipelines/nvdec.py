@@ -286,6 +286,8 @@ class DecodeStats:
     errors: int = 0  # packets the decoder rejected (corrupt bitstream); decoding resumes at the next IDR
     decode_s: float = 0.0  # host time inside Decode() (demux time is the reader's own)
     reconfigures: int = 0  # new sessions for changed stream parameters (resolution changes)
+    demux_cpu_s: float = 0.0  # reader thread CPU reading packets (OpenCV/FFmpeg demux)
+    decode_cpu_s: float = 0.0  # reader thread CPU in decode(): Decode() and the copy into frame memory
 
 
 def _parameter_set(data: bytes, codec: str) -> bytes | None:
@@ -548,6 +550,8 @@ class NvdecReader(CameraReader):
             done.errors + now.errors,
             done.decode_s + now.decode_s,
             done.reconfigures + now.reconfigures,
+            done.demux_cpu_s,
+            done.decode_cpu_s,
         )
 
     @property
@@ -663,12 +667,13 @@ class NvdecReader(CameraReader):
                 if delay > 0 and self._stopping.wait(delay):
                     break
                 next_pace = max(next_pace + pace, time.monotonic() - pace)
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             try:
                 ok, packet = cap.read()
             except cv2.error as exc:
                 return delivered, self._scrub(f"read error on {self.display}: {exc}")
-            t1 = time.monotonic()
+            t1, c1 = time.monotonic(), time.thread_time()
+            self.decode_stats.demux_cpu_s += c1 - c0
             if not ok or packet is None:
                 if is_file:
                     emit(decoder.flush())  # the pictures a native-latency decoder still holds
@@ -688,7 +693,9 @@ class NvdecReader(CameraReader):
                 return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
             keyframe = bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))
             arrivals.append((t1, time.time()))
-            emit(decoder.decode(packet, keyframe))
+            pictures = decoder.decode(packet, keyframe)
+            self.decode_stats.decode_cpu_s += time.thread_time() - c1
+            emit(pictures)
             # Packets that gave no picture (parameter sets, a skipped corrupt packet) must not shift the
             # stamps of later pictures by more than the decoder can hold back.
             while len(arrivals) > held_back:

@@ -40,6 +40,10 @@ def test_sweep_and_overhead_report(tmp_path: Path) -> None:
         assert by["batch_preprocess"] > 0 and by["postprocess_publish"] > 0
         # "other" is the rest of the process total; per-thread clocks tick at 10 ms, so a short run is rough.
         assert run["cpu_ms_per_frame"] - 0.01 <= sum(by.values()) <= 1.5 * run["cpu_ms_per_frame"] + 0.5
+        # ... and by stage (thread CPU clocks around each stage).
+        stages = run["cpu_ms_per_frame_by_stage"]
+        assert set(stages) == {"preprocess", "postprocess", "publish"}, stages
+        assert all(v > 0 for v in stages.values()) and sum(stages.values()) <= run["cpu_ms_per_frame"] + 0.3
     assert (out / "bench.png").stat().st_size > 0
     # The one-paragraph summary, then where the report is.
     lines = done.stdout.strip().splitlines()
