@@ -63,16 +63,21 @@ def _agent_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -
             dec.close()
 
 
-def _demux_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
-    """Attribution: OpenCV's packet demux alone (what the agent adds in front of the decoder)."""
+def _read_loop(clip: str, params: list[int], stop: threading.Event, counts: list[int], i: int) -> None:
+    """Read the clip with OpenCV again and again, counting what read() returns."""
     while not stop.is_set():
-        cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+        cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, params)
         while not stop.is_set():
             ok, _ = cap.read()
             if not ok:
                 break
             counts[i] += 1
         cap.release()
+
+
+def _demux_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
+    """Attribution: OpenCV's packet demux alone (what the agent adds in front of the decoder)."""
+    _read_loop(clip, [cv2.CAP_PROP_FORMAT, -1], stop, counts, i)
 
 
 def _nocopy_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
@@ -99,14 +104,7 @@ def _nocopy_stream(clip: str, stop: threading.Event, counts: list[int], i: int) 
 
 
 def _cpu_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
-    while not stop.is_set():
-        cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG)
-        while not stop.is_set():
-            ok, _ = cap.read()
-            if not ok:
-                break
-            counts[i] += 1
-        cap.release()
+    _read_loop(clip, [], stop, counts, i)  # FFmpeg decoding to BGR, as CPU cameras do
 
 
 VARIANTS = {
