@@ -40,7 +40,6 @@ import numpy as np
 from engines.cuda_buffers import CudaError, Event, Stream, cuda_call, import_cudart
 from engines.errors import UnavailableError
 from pipelines.demux import colour_of
-from pipelines.frames import Frame
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec, StateCallback
 
 log = logging.getLogger(__name__)
@@ -652,14 +651,8 @@ class NvdecReader(CameraReader):
                     next_emit = (
                         now + limit if next_emit is None or now - next_emit > limit else next_emit + limit
                     )
-                frame = Frame(spec.camera, self._next_id, picture, arrived_wall)  # type: ignore[arg-type]
-                frame.stamps["captured"] = arrived
-                self._next_id += 1
-                self.frames_in += 1
                 delivered += 1
-                if delivered == 1:
-                    self._set_state("streaming", None)
-                self.slot.put(frame)
+                self._hand_over(picture, arrived_wall, arrived, delivered == 1)
 
         while not self._stopping.is_set():
             if pace:

@@ -27,7 +27,7 @@ from urllib.request import url2pathname
 import cv2
 import numpy as np
 
-from pipelines.frames import Frame
+from pipelines.frames import DeviceImage, Frame
 from pipelines.rtsp_probe import diagnose
 from pipelines.urls import mask_url, secrets_of
 
@@ -385,17 +385,23 @@ class CameraReader(threading.Thread):
                 return delivered, self._scrub(f"cannot decode a frame from {self.display}")
             if image.ndim == 2:
                 image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-            frame = Frame(spec.camera, self._next_id, np.ascontiguousarray(image), time.time())
-            frame.stamp("captured")
-            self._next_id += 1
-            self.frames_in += 1
             delivered += 1
-            if delivered == 1:
-                self._set_state("streaming", None)
-            self.slot.put(frame)
+            self._hand_over(np.ascontiguousarray(image), time.time(), time.monotonic(), delivered == 1)
         return delivered, "stopped"
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _hand_over(
+        self, image: np.ndarray | DeviceImage, ts_wall: float, captured: float, first: bool
+    ) -> None:
+        """One frame into the slot (the newest wins there); the first of a connection makes it streaming."""
+        frame = Frame(self.spec.camera, self._next_id, image, ts_wall)
+        frame.stamps["captured"] = captured  # monotonic, as Frame.stamp
+        self._next_id += 1
+        self.frames_in += 1
+        if first:
+            self._set_state("streaming", None)
+        self.slot.put(frame)
+
     def _scrub(self, text: str) -> str:
         text = mask_url(text)
         for secret in self._secrets:

@@ -107,6 +107,18 @@ class Broker:
             return ""
 
 
+def publish(port: int, topic: str, raw: bytes, retain: bool = False) -> None:
+    """One QoS 1 message from a client of its own (connect, publish, wait for the ack, disconnect)."""
+    c = paho.Client(CallbackAPIVersion.VERSION2)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(5)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
 class Subscriber:
     """A paho client that collects (topic, payload, retain) of ``topic_filter`` (thread-safe); over TLS
     with ``tls_context``, authenticated with ``username``/``password``."""

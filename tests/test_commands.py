@@ -10,12 +10,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import paho.mqtt.client as paho
 import pytest
 import yaml
 from fixtures_agent import AgentProcess, bundled_model, wait
-from fixtures_mqtt import Broker, Subscriber
-from paho.mqtt.enums import CallbackAPIVersion
+from fixtures_mqtt import Broker, Subscriber, publish
 
 from agent.commands import MAX_PAYLOAD, CommandRouter, decode
 
@@ -125,17 +123,6 @@ def agent_config(tmp_path: Path, port: int, **mqtt: object) -> Path:
 
 def results(msgs: list, action: str) -> list[dict]:
     return [json.loads(p) for t, p, _ in msgs if t == f"{BASE}/cmd/{action}/result"]
-
-
-def publish(port: int, topic: str, raw: bytes, retain: bool = False) -> None:
-    c = paho.Client(CallbackAPIVersion.VERSION2)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(5)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 def test_agent_answers_every_bad_command_exactly_once_without_tracebacks(

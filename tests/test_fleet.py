@@ -9,11 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import yaml
 from fixtures_agent import AgentProcess, bundled_model, run_cli, wait
-from fixtures_mqtt import Broker, Message, Subscriber
-from paho.mqtt.enums import CallbackAPIVersion
+from fixtures_mqtt import Broker, Message, Subscriber, publish
 
 from agent.config import ConfigError, parse_config
 from agent.mqtt import MqttClient
@@ -45,17 +43,6 @@ def answers(msgs: list[Message], request_id: str) -> list[tuple[str, dict]]:
             if body.get("request_id") == request_id:
                 out.append((topic, body))
     return out
-
-
-def publish(port: int, topic: str, raw: bytes, retain: bool = False) -> None:
-    c = paho.Client(CallbackAPIVersion.VERSION2)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(5)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 def online(msgs: list[Message], device: str) -> bool:
