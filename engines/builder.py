@@ -298,6 +298,8 @@ def build(
                 "onnx_sha256": spec.onnx_sha256,
                 "precision": spec.precision,
                 "profiles": spec.profiles,
+                # The profile set is repeated once per execution context; the runtime splits by this.
+                "profiles_per_context": len(spec.profiles) // settings.contexts,
                 "workspace_bytes": spec.workspace_bytes,
                 "optimization_level": spec.optimization_level,
                 "calibration": spec.calibration

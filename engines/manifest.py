@@ -52,6 +52,7 @@ BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
 OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "profiling_verbosity": (_STR, True),  # "detailed", or null where TensorRT has no such setting
     "layers": ((dict,), True),  # {total, precisions {FP32, FP16, INT8, ...}, source}, null if unseen
+    "profiles_per_context": (_INT, False),  # size of the profile set each execution context owns
 }
 
 

@@ -82,6 +82,8 @@ class IoTensor:
 
 
 _FLOATS = ("FLOAT", "HALF", "BF16")
+# Modules whose plugins were registered in this process (TrtApi.init_plugins), and how that went.
+_PLUGINS_DONE: dict[ModuleType, bool] = {}
 
 
 def _enum_name(value: Any) -> str:
@@ -212,6 +214,26 @@ class TrtApi:
                     log.debug("%s", msg)
 
         return CaptureLogger()
+
+    # --- plugins --------------------------------------------------------------------------
+    def init_plugins(self, logger: Any) -> bool:
+        """Register TensorRT's bundled plugins (EfficientNMS_TRT, BatchedNMS_TRT, ...) once per process and
+        module, before any parse or deserialisation (as Polygraphy and trtexec do): without it an ONNX with
+        plugin ops fails to parse and a plan with plugin layers fails to load in a fresh process.
+        Returns False where the module has no plugin library (TensorRT-RTX) or registration failed."""
+        if self.mod in _PLUGINS_DONE:
+            return _PLUGINS_DONE[self.mod]
+        init = getattr(self.mod, "init_libnvinfer_plugins", None)
+        ok = False
+        if init is not None:
+            try:
+                ok = bool(init(logger, ""))
+            except Exception as e:  # a broken plugin library must not stop models that need none
+                log.warning("%s: registering the TensorRT plugins failed: %s", self.label, e)
+            if not ok:
+                log.warning("%s: init_libnvinfer_plugins failed; plugin layers will not parse or load", self.label)
+        _PLUGINS_DONE[self.mod] = ok
+        return ok
 
     # --- network --------------------------------------------------------------------------
     def network_flags(self) -> int:
