@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from engines import islands
 from engines.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
 from engines.compat import BuildSpec, build_spec, check
@@ -60,17 +62,18 @@ def _noop(phase: str, step: int, total: int) -> None:
     pass
 
 
-def _pin_fp32_islands(api: TrtApi, network: Any, config: Any) -> None:
+def _pin_fp32_islands(api: TrtApi, network: Any) -> int:
     """Weakly typed FP16/INT8 builds choose layer precisions freely: the layers of an FP32 island
-    (engines.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead.
-    Written to the TensorRT docs (per-layer precision + PREFER_PRECISION_CONSTRAINTS), not run here."""
+    (engines.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead - every
+    layer reading a float, comparisons included. Returns how many were pinned (the caller sets the one
+    precision-constraint flag). Written to the TensorRT docs, not run here."""
     layers, _ = api.network_layers(network)
-    pinned = [layer.index for layer in layers if islands.marked(layer.name)]
-    for index in pinned:
-        api.constrain_float_layer(network, index)
+    pinned = sum(
+        api.constrain_float_layer(network, layer.index) for layer in layers if islands.marked(layer.name)
+    )
     if pinned:
-        api.set_precision_constraints(config, "prefer")
-        log.info("FP32 island: %d layers pinned to FP32", len(pinned))
+        log.info("FP32 island: %d layers pinned to FP32", pinned)
+    return pinned
 
 
 def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
@@ -80,20 +83,105 @@ def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
     return store.timing_dir / (re.sub(r"[^A-Za-z0-9._-]+", "_", raw) + ".cache")
 
 
-def _parse(api: TrtApi, builder: Any, prepared: PreparedModel, logger: Any) -> tuple[Any, Any]:
+def _parse(
+    api: TrtApi, builder: Any, prepared: PreparedModel, logger: Any, model_bytes: bytes | None = None
+) -> tuple[Any, Any]:
     network = builder.create_network(api.network_flags())
     if network is None:
         raise BuildError(f"{api.label} could not create a network: {'; '.join(logger.errors) or 'no reason'}")
     parser = api.mod.OnnxParser(network, logger)
-    if prepared.model_bytes is not None:
-        ok = parser.parse(prepared.model_bytes)
-    else:
-        # parse_from_file lets the parser find external weights next to the ONNX file.
-        ok = parser.parse_from_file(str(prepared.onnx_path))
+    data = model_bytes if model_bytes is not None else prepared.model_bytes
+    # parse_from_file lets the parser find external weights next to the ONNX file.
+    ok = parser.parse(data) if data is not None else parser.parse_from_file(str(prepared.onnx_path))
     if not ok or parser.num_errors:
         errors = api.parser_errors(parser) or logger.errors or ["unknown parser error"]
         raise BuildError(f"cannot parse ONNX model {prepared.onnx_path}: " + "; ".join(errors))
     return network, parser  # the parser must outlive the network (it owns the weights)
+
+
+def _new_builder(api: TrtApi, logger: Any) -> Any:
+    # Plugins (EfficientNMS_TRT and friends in YOLO exports) must be registered before the parser meets them.
+    api.init_plugins(logger)
+    builder = api.mod.Builder(logger)
+    if builder is None:
+        raise BuildError(f"{api.label} could not create a builder: {'; '.join(logger.errors) or 'no reason'}")
+    return builder
+
+
+def _base_config(api: TrtApi, builder: Any, spec: BuildSpec, logger: Any) -> tuple[Any, list[Any]]:
+    """A builder config with the workspace, optimisation level and every profile of `spec`."""
+    config = builder.create_builder_config()
+    if config is None:
+        raise BuildError(
+            f"{api.label} could not create a builder config: {'; '.join(logger.errors) or 'no reason'}"
+        )
+    api.set_workspace(config, spec.workspace_bytes)
+    api.set_optimization_level(config, spec.optimization_level)
+    profiles = []
+    for i, p in enumerate(profiles_from_json(spec.profiles)):
+        profile = builder.create_optimization_profile()
+        for name, s in p.items():
+            profile.set_shape(name, s.min, s.opt, s.max)
+        desc = ", ".join(f"{n} {list(s.min)}..{list(s.max)}" for n, s in p.items())
+        api.add_profile(config, profile, f"{i} ({desc})")
+        profiles.append(profile)
+    return config, profiles
+
+
+def _refuse_dla(spec: BuildSpec, prepared: PreparedModel) -> None:
+    """What DLA cannot run at all (NVIDIA's DLA docs: FP16/INT8 only, static shapes: min = opt = max);
+    the config refuses the same with the key (agent.config), this guards every other caller."""
+    core = spec.fingerprint.dla_core
+    if prepared.precision == "fp32":
+        raise BuildError(
+            f"DLA core {core}: DLA runs FP16 and INT8 only, not fp32 (use precision fp16 or int8, or no DLA)"
+        )
+    for i, p in enumerate(profiles_from_json(spec.profiles)):
+        for name, s in p.items():
+            if not s.min == s.opt == s.max:
+                raise BuildError(
+                    f"DLA core {core}: DLA needs static shapes, but profile {i} input {name!r} ranges "
+                    f"{list(s.min)}..{list(s.max)} (set batch min = opt = max)"
+                )
+
+
+def _calibrate_without_island(
+    api: TrtApi, prepared: PreparedModel, spec: BuildSpec, int8: Int8Request | None
+) -> None:
+    """Calibrate the graph without its FP32 island (engines.islands) into the calibration cache, which the
+    full build then reads. The island (decode + NMS: a Loop and BOOL comparisons) is pinned to FP32
+    anyway; calibrating through it is wasted work at best and skipped calibration at worst (TensorRT
+    7.1-8.0). The engine this pass builds is thrown away."""
+    if int8 is None or not prepared.calibrate:
+        return
+    try:
+        parts = islands.split(onnx.load(str(prepared.onnx_path)))
+    except islands.IslandError as e:
+        raise BuildError(f"INT8 calibration of {prepared.onnx_path}: {e}") from e
+    except Exception as e:  # an unreadable file fails the same way in the parser; say it here already
+        raise BuildError(f"cannot read ONNX model {prepared.onnx_path}: {e}") from e
+    if parts is None:
+        return
+    logger = api.logger()
+    builder = _new_builder(api, logger)
+    network, _parser = _parse(api, builder, prepared, logger, parts[0].SerializeToString())
+    config, profiles = _base_config(api, builder, spec, logger)
+    calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
+    if int8.needs_constraints:
+        api.set_precision_constraints(config, int8.constraints)
+    try:
+        plan = builder.build_serialized_network(network, config)
+    finally:
+        if calibrator is not None:
+            calibrator.close()
+    finish_int8(calibrator, int8, f"{prepared.onnx_path} without its FP32 island")
+    if plan is None:
+        raise BuildError(
+            f"{api.label} failed to calibrate {prepared.onnx_path} without its FP32 island: "
+            + ("; ".join(logger.errors) or "no reason given")
+        )
+    int8.calibrated_graph = "without_fp32_island"
+    log.info("INT8: calibrated %s without its FP32 island (%d batches)", prepared.onnx_path, int8.batches_fed)
 
 
 def build_plan(
@@ -106,45 +194,58 @@ def build_plan(
     int8: Int8Request | None = None,
 ) -> tuple[bytes, Any, int, dict[str, Any]]:
     """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded,
-    {profiling_verbosity, layers} for the manifest's build record).
-    `int8` carries a calibrated INT8 build's inputs and receives its results (flags, kept layers, cache)."""
+    what the manifest's build record says of it: profiling_verbosity, layers, tf32, timing cache status,
+    int8, dla). `int8` carries a calibrated INT8 build's inputs and receives its results."""
+    fp = spec.fingerprint
+    if fp.dla_core is not None:
+        _refuse_dla(spec, prepared)
+    if prepared.calibrate and int8 is not None:
+        on_progress("calibrate", 0, 1)
+        _calibrate_without_island(api, prepared, spec, int8)
+        on_progress("calibrate", 1, 1)
     logger = api.logger()
-    builder = api.mod.Builder(logger)
-    if builder is None:
-        raise BuildError(f"{api.label} could not create a builder: {'; '.join(logger.errors) or 'no reason'}")
+    builder = _new_builder(api, logger)
     on_progress("parse", 0, 1)
     network, _parser = _parse(api, builder, prepared, logger)
     on_progress("parse", 1, 1)
 
-    config = builder.create_builder_config()
-    api.set_workspace(config, spec.workspace_bytes)
-    api.set_optimization_level(config, spec.optimization_level)
+    config, profiles = _base_config(api, builder, spec, logger)
     # Layer names, types, precisions and tactics for the inspector and `edge-agent profile`. It describes the
     # engine rather than changing what it computes, so it is recorded but not part of the engine key.
+    # Serving contexts lower their NVTX verbosity at run time (engines.runtimes.slots).
     verbosity = api.set_profiling_verbosity(config)
     if prepared.builder_flag != "int8":  # INT8 flags come with the calibrator (configure_int8)
         api.set_precision_flag(config, prepared.builder_flag)
-    fp = spec.fingerprint
+    # "fp32" means FP32: without this, Ampere and later (Orin too) run FLOAT convolutions in TF32.
+    tf32 = None if prepared.precision != "fp32" else (False if api.disallow_tf32(config) else None)
+    dla = None
     if fp.dla_core is not None:
         api.set_dla(builder, config, fp.dla_core)
     # With a GPU build for it (CURRENT); without one, for the target CC (RTX ahead-of-time).
     api.set_target_compute_capability(config, None if fp.has_gpu else fp.compute_capability)
-    profiles = []
-    for p in profiles_from_json(spec.profiles):
-        profile = builder.create_optimization_profile()
-        for name, s in p.items():
-            profile.set_shape(name, s.min, s.opt, s.max)
-        config.add_optimization_profile(profile)
-        profiles.append(profile)
     calibrator = None
     if prepared.precision == "int8":
         # Keep `calibrator` referenced until the build returns: TensorRT holds only a raw pointer.
         calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
-    if api.weakly_typed and prepared.precision != "fp32":
-        _pin_fp32_islands(api, network, config)
-    cache, entries = (None, 0)
+    pinned = _pin_fp32_islands(api, network) if api.weakly_typed and prepared.precision != "fp32" else 0
+    kept = int8 is not None and int8.needs_constraints
+    if pinned or kept:
+        # One flag for both (NvInfer.h: set exactly one of OBEY/PREFER): the INT8 request's, else PREFER.
+        flag = api.set_precision_constraints(config, int8.constraints if kept and int8 else "prefer")
+        if int8 is not None and flag:
+            int8.flags.append(flag)
+    if fp.dla_core is not None:
+        on_dla, on_gpu = api.dla_placement(network, config)
+        if on_dla == 0:
+            raise BuildError(
+                f"DLA core {fp.dla_core}: no layer of {prepared.onnx_path} can run on DLA; with GPU fallback "
+                f"all {on_gpu} layers would run on the GPU (remove engine.dla_core)"
+            )
+        dla = {"core": fp.dla_core, "layers_on_dla": on_dla, "layers_on_gpu": on_gpu}
+        log.info("DLA core %d: %d layers on DLA, %d fall back to the GPU", fp.dla_core, on_dla, on_gpu)
+    cache, entries, tc_status = (None, 0, None)
     if api.has_timing_cache:
-        cache, entries = api.attach_timing_cache(config, timing_cache)
+        cache, entries, tc_status = api.attach_timing_cache(config, timing_cache)
     monitor = api.progress_monitor(on_progress)
     if monitor is not None:
         # Keep `monitor` referenced until the build returns: TensorRT holds only a raw pointer.
@@ -156,7 +257,8 @@ def build_plan(
     finally:
         if calibrator is not None:
             calibrator.close()  # free the calibration device buffer explicitly, whatever happened
-    finish_int8(calibrator, int8)  # raises BuildError if calibration failed (TensorRT saw only "end")
+    # Raises BuildError if calibration failed or never happened (TensorRT saw only "end" / skipped it).
+    finish_int8(calibrator, int8, str(prepared.onnx_path))
     if monitor is not None and monitor.error is not None:
         raise BuildError(f"build cancelled by the progress callback: {monitor.error}") from monitor.error
     if plan is None:
@@ -175,7 +277,39 @@ def build_plan(
     data = bytes(memoryview(plan))
     on_progress("serialize", 1, 1)
     layers = build_layer_summary(api, data, logger, fp.has_gpu) if verbosity else None
-    return data, (config, cache), entries, {"profiling_verbosity": verbosity, "layers": layers}
+    int8_record = _check_int8_layers(prepared, layers, int8)
+    described = {
+        "profiling_verbosity": verbosity,
+        "layers": layers,
+        "tf32": tf32,
+        "timing_cache_status": tc_status,
+        "int8": int8_record,
+        "dla": dla,
+    }
+    return data, (config, cache), entries, described
+
+
+def _check_int8_layers(
+    prepared: PreparedModel, layers: dict[str, Any] | None, int8: Int8Request | None
+) -> dict[str, Any] | None:
+    """The manifest's build.int8; BuildError for an "int8" engine in which TensorRT put no INT8 layer
+    (the plan's next step is tried instead). Where no layer view exists (TensorRT < 8.2 without a GPU
+    inspector) the count is null: calibration was still proven by finish_int8."""
+    if prepared.precision != "int8":
+        return None
+    record: dict[str, Any] = dict(int8.record()) if int8 is not None else {}
+    count = None if layers is None else int(layers["precisions"].get("INT8", 0))
+    record["int8_layers"] = count
+    if layers is not None and count == 0:
+        raise BuildError(
+            f"the INT8 engine of {prepared.onnx_path} has no INT8 layer ({layers['total']} layers: "
+            f"{layers['precisions']}); refused, it would be an FP16/FP32 engine recorded as int8"
+        )
+    if count is None:
+        log.warning(
+            "INT8 engine of %s: no layer view here, its INT8 layers cannot be counted", prepared.onnx_path
+        )
+    return record
 
 
 def _save_timing_cache(api: TrtApi, path: Path, handle: Any) -> None:
@@ -305,8 +439,13 @@ def build(
                 "calibration": spec.calibration
                 if int8 is None
                 else {**(spec.calibration or {}), "cache_sha256": int8.cache_sha256},
-                # hit: the loaded cache really held timings (RTX caches never do: always false there).
-                "timing_cache": {"path": str(tc_path), "hit": bool(tc_data) and entries != 0},
+                # hit: the loaded cache really held timings (RTX caches never do: always false there);
+                # status: loaded | empty | unreadable | mismatch (TensorRT refused it: started empty).
+                "timing_cache": {
+                    "path": str(tc_path),
+                    "hit": bool(tc_data) and entries != 0 and described["timing_cache_status"] == "loaded",
+                    "status": described.pop("timing_cache_status"),
+                },
                 "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
                 "build_s": round(build_s, 3),
                 "agent_version": agent_version,

@@ -214,6 +214,7 @@ def make_calibrator(
             self.cache = cache
             self.cache_bytes: bytes | None = None  # what TensorRT used: read or written
             self.cache_sha256: str | None = None
+            self.cache_read = False  # TensorRT asked for the cache and got one: scales without batches
 
         @property
         def error(self) -> BaseException | None:
@@ -235,6 +236,7 @@ def make_calibrator(
             data = self.cache.load()
             if data is not None:
                 log.info("reusing calibration cache %s", self.cache.path)
+                self.cache_read = True
                 self.cache_bytes = data
                 self.cache_sha256 = hashlib.sha256(data).hexdigest()
             return data

@@ -134,13 +134,8 @@ def probe_fingerprint(
     api = api or import_trt()
     gpu = gpu if gpu is not None else probe_gpu(gpu_index)
     cc = gpu.compute_capability or target_compute_capability or DEFAULT_TARGET_CC
-    dla_cores = 0
-    if api.has_dla and gpu.name is not None:
-        # Creating a Builder needs a GPU on TensorRT (not RTX); DLA exists only on Jetson/Drive.
-        try:
-            dla_cores = int(api.mod.Builder(api.logger()).num_DLA_cores)
-        except Exception:  # a builder that cannot start reports no DLA rather than failing the probe
-            dla_cores = 0
+    # DLA exists only on Jetson/Drive; asked of a Runtime, so the daemon never loads the builder library.
+    dla_cores = api.num_dla_cores() if gpu.name is not None else 0
     return Fingerprint(
         trt_flavor=api.flavor,
         trt_version=api.version,

@@ -2,12 +2,17 @@
 
     req = Int8Request(method="entropy", samples=500, cache=CalibrationCache(...), batches=..., ...)
     calibrator = configure_int8(api, network, config, profiles, prepared, spec, req)
-    ... build ...; finish_int8(calibrator, req)   # raises BuildError if calibration failed
+    ... build ...; finish_int8(calibrator, req)   # raises BuildError if calibration failed or never ran
 
 Weakly typed + calibrate: INT8 + FP16 flags, a calibrator (entropy/minmax/percentile) fed by a BatchFeeder,
-calibration at profile 0's kOPT shape, and the selected layers constrained to FP16/FP32 with the
-PREFER/OBEY precision-constraint flag. Weakly typed + Q/DQ: INT8 + FP16 flags only. Strongly typed + Q/DQ:
-nothing to configure (the graph carries its precision).
+calibration at profile 0's kOPT shape, and the selected layers constrained to FP16/FP32 (the builder sets
+the one PREFER/OBEY precision-constraint flag). Weakly typed + Q/DQ: INT8 + FP16 flags only. Strongly
+typed + Q/DQ: nothing to configure (the graph carries its precision).
+
+Calibration must provably happen: TensorRT 7.1-8.0 skip it silently on networks with BOOL tensors or loops
+(a grafted NMS tail has both) and build an "INT8" engine without a single INT8 layer. So finish_int8 fails
+the build unless TensorRT fed at least one batch or read a calibration cache; and a graph with an FP32
+island is calibrated without it first (engines.builder), the full build reading that cache.
 """
 
 from __future__ import annotations
@@ -52,6 +57,18 @@ class Int8Request:
     kept: dict[str, str] = field(default_factory=dict)  # layer name -> selector/pattern
     cache_sha256: str | None = None
     batches_fed: int = 0
+    cache_read: bool = False  # TensorRT took its scales from the calibration cache
+    calibrated_graph: str = "whole"  # or "without_fp32_island" (engines.islands)
+    needs_constraints: bool = False  # layers were kept out of INT8: the builder sets the constraint flag
+
+    def record(self) -> dict[str, object]:
+        """The manifest's build.int8 (the builder adds int8_layers)."""
+        return {
+            "batches_fed": self.batches_fed,
+            "cache_read": self.cache_read,
+            "calibrated_graph": self.calibrated_graph,
+            "kept_layers": len(self.kept),
+        }
 
 
 def calibration_shape(spec: BuildSpec) -> tuple[str, tuple[int, ...]]:
@@ -85,7 +102,10 @@ def configure_int8(
     if req is None:
         raise BuildError(f"INT8 calibration of {prepared.onnx_path} was not configured (no Int8Request)")
     _, shape = calibration_shape(spec)
-    feeder = BatchFeeder(req.batches, shape, req.samples, req.allocator)
+    # After a calibration of the graph without its FP32 island, the full build takes the scales from the
+    # cache only: it gets no batches (feeding the island is what the pre-pass avoids).
+    batches = None if req.calibrated_graph == "without_fp32_island" else req.batches
+    feeder = BatchFeeder(batches, shape, req.samples, req.allocator)
     calibrator = make_calibrator(api, req.method, feeder, req.cache, quantile=req.quantile)
     if profiles:
         api.set_calibration_profile(config, profiles[0])
@@ -96,10 +116,7 @@ def configure_int8(
     for index in chosen:
         api.constrain_layer(network, index, req.keep_precision)
     req.kept = {layers[i].name: why for i, why in chosen.items()}
-    if chosen:
-        flag = api.set_precision_constraints(config, req.constraints)
-        if flag:
-            req.flags.append(flag)
+    req.needs_constraints = bool(chosen)
     log.info(
         "INT8 (%s, %d samples): %d layers kept in %s: %s",
         req.method,
@@ -111,12 +128,20 @@ def configure_int8(
     return calibrator
 
 
-def finish_int8(calibrator: Any | None, req: Int8Request | None) -> None:
-    """Free the device buffer; surface a calibration error; record what the calibration produced."""
+def finish_int8(calibrator: Any | None, req: Int8Request | None, what: str = "the network") -> None:
+    """Free the device buffer; surface a calibration error; fail when TensorRT neither fed a batch nor
+    read a cache (no calibration happened); record what the calibration produced."""
     if calibrator is None or req is None:
         return
     calibrator.close()
-    req.batches_fed = calibrator.feeder.batches_fed
+    req.batches_fed += calibrator.feeder.batches_fed
     if calibrator.error is not None:
         raise BuildError(f"INT8 calibration failed: {calibrator.error}") from calibrator.error
+    if calibrator.feeder.batches_fed == 0 and not calibrator.cache_read:
+        raise BuildError(
+            f"INT8 calibration of {what} did not happen: TensorRT asked for no calibration batch and read no "
+            "calibration cache, so the engine would have no INT8 layer (TensorRT 7.1-8.0 skip calibration "
+            "on networks with BOOL tensors or loops); refused"
+        )
+    req.cache_read = req.cache_read or calibrator.cache_read
     req.cache_sha256 = calibrator.cache_sha256

@@ -53,6 +53,9 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "profiling_verbosity": (_STR, True),  # "detailed", or null where TensorRT has no such setting
     "layers": ((dict,), True),  # {total, precisions {FP32, FP16, INT8, ...}, source}, null if unseen
     "profiles_per_context": (_INT, False),  # size of the profile set each execution context owns
+    "tf32": ((bool,), True),  # fp32 builds: false = TF32 disallowed; null = not applicable / no such flag
+    "int8": ((dict,), True),  # {batches_fed, cache_read, calibrated_graph, kept_layers, int8_layers}
+    "dla": ((dict,), True),  # {core, layers_on_dla, layers_on_gpu}
 }
 
 

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
-from engines.errors import UnavailableError
+from engines.errors import BuildError, UnavailableError
 from engines.layer_info import BUILD_LOG_MARK
 
 log = logging.getLogger("engines.trt")
@@ -231,7 +231,9 @@ class TrtApi:
             except Exception as e:  # a broken plugin library must not stop models that need none
                 log.warning("%s: registering the TensorRT plugins failed: %s", self.label, e)
             if not ok:
-                log.warning("%s: init_libnvinfer_plugins failed; plugin layers will not parse or load", self.label)
+                log.warning(
+                    "%s: init_libnvinfer_plugins failed; plugin layers will not parse or load", self.label
+                )
         _PLUGINS_DONE[self.mod] = ok
         return ok
 
@@ -291,6 +293,26 @@ class TrtApi:
             self.fail_unavailable(f"the {precision.upper()} builder flag")
         config.set_flag(flag)
 
+    def disallow_tf32(self, config: Any) -> bool:
+        """FP32 that is FP32: TensorRT allows TF32 (10-bit mantissa inner products) for FLOAT tensors by
+        default on Ampere and later (Orin included). Returns True where the flag existed and was cleared."""
+        flag = getattr(getattr(self.mod, "BuilderFlag", None), "TF32", None)
+        if flag is None or not hasattr(config, "clear_flag"):
+            return False
+        config.clear_flag(flag)
+        return True
+
+    # --- optimisation profiles ------------------------------------------------------------
+    def add_profile(self, config: Any, profile: Any, what: str) -> int:
+        """Add an optimisation profile; BuildError naming it when TensorRT refuses it (returns -1 for an
+        invalid profile: shapes outside the network's dims, min > max, a missing input)."""
+        index = config.add_optimization_profile(profile)
+        if not isinstance(index, int) or index < 0:
+            raise BuildError(
+                f"{self.label} refused optimisation profile {what} (add_optimization_profile -> {index})"
+            )
+        return index
+
     # --- INT8 -----------------------------------------------------------------------------
     _CALIBRATORS: ClassVar[dict[str, str]] = {
         "entropy": "IInt8EntropyCalibrator2",
@@ -325,19 +347,30 @@ class TrtApi:
         return names
 
     def set_calibration_profile(self, config: Any, profile: Any) -> bool:
-        """Calibrate dynamic shapes at this profile's kOPT shape (TensorRT >= 7.1); False if unsupported."""
-        if hasattr(config, "set_calibration_profile"):
-            config.set_calibration_profile(profile)
-            return True
-        return False
+        """Calibrate dynamic shapes at this profile's kOPT shape (TensorRT >= 7.1); False if unsupported.
+        BuildError when TensorRT refuses the profile (it returns False for an invalid one)."""
+        if not hasattr(config, "set_calibration_profile"):
+            return False
+        if config.set_calibration_profile(profile) is False:
+            raise BuildError(
+                f"{self.label} refused the calibration profile (set_calibration_profile -> False)"
+            )
+        return True
+
+    _CONSTRAINT_FLAGS = ("OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS")
 
     def set_precision_constraints(self, config: Any, mode: str) -> str | None:
         """Make per-layer precisions binding: PREFER (warn and fall back when no kernel fits) or OBEY
-        (fail the build). Before 8.2 only STRICT_TYPES exists. Returns the flag set, None if none exists."""
+        (fail the build). Before 8.2 only STRICT_TYPES exists. Exactly one of OBEY/PREFER ends up set
+        (NvInfer.h: setting both is an error), so a second call replaces the first. Returns the flag set,
+        None if none exists."""
         flags = self.mod.BuilderFlag
         wanted = "OBEY_PRECISION_CONSTRAINTS" if mode == "obey" else "PREFER_PRECISION_CONSTRAINTS"
         for name in (wanted, "STRICT_TYPES"):
             if hasattr(flags, name):
+                for other in self._CONSTRAINT_FLAGS:
+                    if other != name and hasattr(flags, other) and hasattr(config, "clear_flag"):
+                        config.clear_flag(getattr(flags, other))
                 config.set_flag(getattr(flags, name))
                 return name
         log.warning("%s has no precision-constraint flag: per-layer precisions are hints only", self.label)
@@ -378,16 +411,22 @@ class TrtApi:
         for j in range(layer.num_outputs):
             layer.set_output_type(j, dtype)
 
-    def constrain_float_layer(self, network: Any, index: int) -> None:
-        """Run layer `index` in FP32 where it computes floats: its float outputs FP32, others (bool, int
-        indices) left as they are."""
+    def constrain_float_layer(self, network: Any, index: int) -> bool:
+        """Run layer `index` in FP32 where it touches floats. A layer reading a float (a comparison whose
+        output is BOOL included: it would otherwise be free to read FP16) computes in FLOAT; only its float
+        outputs get an output type (BOOL and integer outputs keep theirs). Returns whether anything was
+        constrained (layers on integers or booleans only are left alone)."""
         layer = network.get_layer(index)
+        reads_float = any(
+            (t := layer.get_input(j)) is not None and _enum_name(t.dtype) in _FLOATS
+            for j in range(layer.num_inputs)
+        )
         floats = [j for j in range(layer.num_outputs) if _enum_name(layer.get_output(j).dtype) in _FLOATS]
-        if not floats:
-            return
-        layer.precision = self.mod.DataType.FLOAT
+        if reads_float or floats:
+            layer.precision = self.mod.DataType.FLOAT
         for j in floats:
             layer.set_output_type(j, self.mod.DataType.FLOAT)
+        return bool(reads_float or floats)
 
     def explain_int8_build_failure(self, errors: list[str]) -> str | None:
         """An actionable hint for a failed explicit-quantisation (Q/DQ) build, None when we know none.
@@ -443,8 +482,19 @@ class TrtApi:
 
         return LayerTimes()
 
+    def num_dla_cores(self) -> int:
+        """DLA cores TensorRT sees, asked of a Runtime (the runtime library only: probing with a Builder
+        would load the builder library into the daemon). 0 where DLA does not exist or TensorRT fails."""
+        if not (self.has_dla and self._has("Runtime", "num_DLA_cores")):
+            return 0
+        try:
+            return int(self.mod.Runtime(self.logger()).num_DLA_cores)
+        except Exception:  # no GPU / driver: no DLA either, never a failed probe
+            return 0
+
     def set_dla(self, builder: Any, config: Any, core: int) -> None:
-        """Run on DLA core `core`, with GPU fallback for layers DLA cannot run."""
+        """Run on DLA core `core`, with GPU fallback for layers DLA cannot run. The caller refuses what DLA
+        cannot run at all (FP32, dynamic shapes) before this (engines.builder)."""
         if not self.has_dla:
             self.fail_unavailable("DLA")
         cores = int(getattr(builder, "num_DLA_cores", 0))
@@ -457,6 +507,12 @@ class TrtApi:
         if not self._has("BuilderFlag", "GPU_FALLBACK"):
             self.fail_unavailable("DLA GPU fallback")
         config.set_flag(self.mod.BuilderFlag.GPU_FALLBACK)
+
+    def dla_placement(self, network: Any, config: Any) -> tuple[int, int]:
+        """(layers DLA can run, layers that fall back to the GPU) for a DLA-configured build, from
+        IBuilderConfig.can_run_on_DLA per layer: with GPU_FALLBACK every layer may silently go to the GPU."""
+        on_dla = sum(1 for i in range(network.num_layers) if config.can_run_on_DLA(network.get_layer(i)))
+        return on_dla, network.num_layers - on_dla
 
     def compute_capabilities(self) -> list[str]:
         """Compute capabilities an AOT builder can target, as "8.6" strings."""
@@ -532,29 +588,53 @@ class TrtApi:
             "IBuilderConfig", "set_timing_cache"
         )
 
-    def attach_timing_cache(self, config: Any, data: bytes) -> tuple[Any, int]:
-        """Create a cache from `data` (may be empty), attach it; return (cache, entries it holds)."""
+    def attach_timing_cache(self, config: Any, data: bytes) -> tuple[Any, int, str]:
+        """Create a cache from `data` (may be empty) and attach it. Returns (cache, entries it holds, status):
+        status "loaded" | "empty" | "unreadable" (TensorRT could not read `data`) | "mismatch"
+        (set_timing_cache refused it: another TensorRT or device); the last two start from an empty cache,
+        which is what is attached then. entries: -1 where TensorRT cannot say."""
         with self._quiet():
+            status = "loaded" if data else "empty"
             cache = config.create_timing_cache(data)
             if cache is None:  # unreadable or from another version: start empty
-                cache = config.create_timing_cache(b"")
-            config.set_timing_cache(cache, False)
-            return cache, self.timing_cache_entries(cache)
+                cache, status = config.create_timing_cache(b""), "unreadable"
+            if config.set_timing_cache(cache, False) is False:
+                log.warning(
+                    "%s refused the saved timing cache (another version or device); starting empty",
+                    self.label,
+                )
+                cache, status = config.create_timing_cache(b""), "mismatch"
+                if config.set_timing_cache(cache, False) is False:
+                    raise BuildError(
+                        f"{self.label} refused even an empty timing cache (set_timing_cache -> False)"
+                    )
+            return (
+                cache,
+                (0 if status in ("unreadable", "mismatch") else self.timing_cache_entries(cache)),
+                status,
+            )
 
     def timing_cache_entries(self, cache: Any) -> int:
         # queryKeys (TensorRT >= 10) says whether a cache really holds timings; RTX's holds none.
         if not hasattr(cache, "queryKeys"):
             return -1  # unknown
         with self._quiet():
-            return len(cache.queryKeys())
+            try:
+                return len(cache.queryKeys())
+            except Exception as e:  # the binding raises on caches it cannot enumerate: unknown, not fatal
+                log.warning("%s: cannot count timing cache entries: %s", self.label, e)
+                return -1
 
     def merged_timing_cache(self, config: Any, cache: Any, on_disk: bytes) -> bytes:
-        """Serialise `cache` merged with what another build saved meanwhile."""
+        """Serialise `cache` merged with what another build saved meanwhile (whose timings are dropped,
+        with a warning, when TensorRT cannot combine them: ours are the ones this build measured)."""
         with self._quiet():
             if on_disk:
                 other = config.create_timing_cache(on_disk)
-                if other is not None:
-                    cache.combine(other, True)
+                if other is None or cache.combine(other, True) is False:
+                    log.warning(
+                        "%s: the timing cache on disk could not be merged; keeping this build's", self.label
+                    )
             return bytes(memoryview(cache.serialize()))
 
     # --- runtime --------------------------------------------------------------------------
