@@ -103,7 +103,7 @@ def _check(
                 raise ManifestError(f"manifest {where}: field {field!r} must not be null")
             continue
         # bool is an int subclass: never accept it where a number is meant.
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             want = "/".join(t.__name__ for t in types)
             raise ManifestError(f"manifest {where}: field {field!r} must be {want}, got {value!r}")
 
