@@ -375,6 +375,8 @@ class AgentConfig(_Strict):
             for name in names:
                 if not _NAME.match(name):
                     raise ValueError(f"{kind}.{name}: name may only hold letters, digits, '_', '-' and '.'")
+        for model_name, model in self.models.items():
+            _check_dla(model_name, model)
         for cam_name, cam in self.cameras.items():
             if cam.model not in self.models:
                 known = ", ".join(sorted(self.models))
@@ -387,6 +389,33 @@ class AgentConfig(_Strict):
                     " scores inside the model)"
                 )
         return self
+
+
+def _check_dla(name: str, m: ModelConfig) -> None:
+    """What a DLA cannot run, refused at load naming the key (NVIDIA's DLA docs: FP16 and INT8 only,
+    static shapes only, TensorRT on Jetson/Drive only); the builder refuses the same for other callers."""
+    core = m.engine.dla_core
+    if core is None:
+        return
+    key = f"models.{name}.engine.dla_core"
+    if m.backend in ("onnxruntime", "tensorrt_rtx"):
+        raise ValueError(f"{key}: DLA needs backend tensorrt or auto (TensorRT on a Jetson), not {m.backend}")
+    if m.precision == "fp32":
+        raise ValueError(
+            f"{key}: DLA runs FP16 and INT8 only; precision fp32 cannot use it (fp16, int8 or best)"
+        )
+    if not m.batch.min == m.batch.opt == m.batch.max:
+        raise ValueError(
+            f"{key}: DLA needs static shapes, but models.{name}.batch ranges {m.batch.min}..{m.batch.max} "
+            "(set min = opt = max)"
+        )
+    for i, profile in enumerate(m.profiles or []):
+        for tensor, shapes in profile.items():
+            if not shapes.min == shapes.opt == shapes.max:
+                raise ValueError(
+                    f"{key}: DLA needs static shapes, but models.{name}.profiles[{i}].{tensor} has "
+                    "min/opt/max that differ"
+                )
 
 
 # ---- loading -------------------------------------------------------------------------------
