@@ -116,15 +116,16 @@ def test_parse_error_names_node_and_op(tmp_path):
 
 
 def test_dla_core_with_gpu_fallback(tmp_path):
-    mod = fake_tensorrt.make("10.3.0", dla_cores=2)
-    _, _, result, config, _ = fake_build(tmp_path, mod, dla_core=1)
+    # DLA runs FP16/INT8 only (fp32 is refused: tests/test_trt_review.py); the int8 fake has layers to place.
+    mod = fake_tensorrt.make("10.3.0", dla_cores=2, int8=True)
+    _, _, result, config, _ = fake_build(tmp_path, mod, dla_core=1, precision="fp16")
     assert config.default_device_type == mod.DeviceType.DLA and config.DLA_core == 1
     assert mod.BuilderFlag.GPU_FALLBACK in config.flags_set
     assert result.manifest.fingerprint["dla_core"] == 1
     with pytest.raises(
         UnavailableError, match=r"DLA core 0 requested but tensorrt 10\.3\.0 reports 0 DLA cores"
     ):
-        fake_build(tmp_path, fake_tensorrt.make("10.3.0", dla_cores=0), dla_core=0)
+        fake_build(tmp_path, fake_tensorrt.make("10.3.0", dla_cores=0), dla_core=0, precision="fp16")
 
 
 def test_non_rtx_tensorrt_needs_a_gpu_to_build(tmp_path):

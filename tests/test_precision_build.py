@@ -533,8 +533,9 @@ def test_device_buffer_and_cuda_call_with_fake_runtime():
 
 
 def test_weakly_typed_fp16_pins_the_fp32_island(tmp_path):
-    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: its float layers are
-    pinned to FP32 with PREFER_PRECISION_CONSTRAINTS; its bool/int outputs and the rest are left alone."""
+    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: every island layer that
+    reads or writes floats (a comparison to BOOL included) is pinned to FP32 with PREFER_PRECISION_CONSTRAINTS;
+    only float outputs get an output type; the rest of the network is left alone."""
     island = [
         ("keep_fp32/graft/Mul_7", "ELEMENTWISE", ["scores", "boxes"], [("g0", "FLOAT")]),
         ("keep_fp32/graft/Equal_8", "ELEMENTWISE", ["g0", "g0"], [("g1", "BOOL")]),
@@ -548,7 +549,7 @@ def test_weakly_typed_fp16_pins_the_fp32_island(tmp_path):
     layers = {layer.name: layer for layer in mod.last_network.layers}
     mul, eq = layers["keep_fp32/graft/Mul_7"], layers["keep_fp32/graft/Equal_8"]
     assert mul.precision == mod.DataType.FLOAT and mul.output_types == {0: mod.DataType.FLOAT}
-    assert eq.precision is None and eq.output_types == {}
+    assert eq.precision == mod.DataType.FLOAT and eq.output_types == {}  # reads floats; BOOL out kept
     assert all(x.precision is None for name, x in layers.items() if not name.startswith("keep_fp32/"))
 
     # FP32 builds (nothing to protect) and builds without an island set no constraint flag.
