@@ -78,10 +78,15 @@ def repair(path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def target() -> Path:
+    """Where the stubs go (and tests/trt_stub_index.py looks); `.repaired` in it marks them usable."""
+    return Path(sys.prefix) / "typestubs" / f"tensorrt-stubs-{VERSION}"
+
+
 def main() -> int:
-    target = Path(sys.prefix) / "typestubs" / f"tensorrt-stubs-{VERSION}"
-    if not (target / ".repaired").is_file():
-        shutil.rmtree(target, ignore_errors=True)
+    target_dir = target()
+    if not (target_dir / ".repaired").is_file():
+        shutil.rmtree(target_dir, ignore_errors=True)
         subprocess.run(
             [
                 sys.executable,
@@ -91,15 +96,15 @@ def main() -> int:
                 "-q",
                 "--no-deps",
                 "--target",
-                str(target),
+                str(target_dir),
                 f"tensorrt-stubs=={VERSION}",
             ],
             check=True,
             stdout=sys.stderr,
         )
-        repair(target / "tensorrt_bindings" / "tensorrt.pyi")
-        (target / ".repaired").touch()
-    print(target)
+        repair(target_dir / "tensorrt_bindings" / "tensorrt.pyi")
+        (target_dir / ".repaired").touch()
+    print(target_dir)
     return 0
 
 
