@@ -246,8 +246,8 @@ def build_plan(
     cache, entries, tc_status = (None, 0, None)
     if api.has_timing_cache:
         cache, entries, tc_status = api.attach_timing_cache(config, timing_cache)
-    monitor = api.progress_monitor(on_progress)
-    if monitor is not None:
+    monitor = api.progress_monitor(on_progress)  # None where TensorRT has no IProgressMonitor (< 10)
+    if monitor is not None and api.has_progress_monitor:
         # Keep `monitor` referenced until the build returns: TensorRT holds only a raw pointer.
         config.progress_monitor = monitor
 

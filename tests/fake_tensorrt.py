@@ -376,6 +376,7 @@ def make(
             self.io = io
             if io_api:
                 self.num_io_tensors = len(io)
+            self.num_optimization_profiles = mod.ENGINE_PROFILES
 
         def get_tensor_name(self, i: int) -> str:
             return self.io[i][0]
@@ -393,25 +394,101 @@ def make(
             return mod.DataType(self._t(name)[3])
 
         def get_tensor_profile_shape(self, name: str, index: int) -> Any:
-            return self._t(name)[4]
+            return self._t(name)[4]  # every profile alike
 
-        def create_execution_context(self) -> object:
-            return object()
+        def create_execution_context(self) -> ExecutionContext:
+            return ExecutionContext(self)
 
-    # The engine every fake plan deserialises to: dynamic batch 1..8, two outputs.
+    class ExecutionContext:
+        """IExecutionContext as engines.runtimes.slots drives it (not exposed as mod.IExecutionContext:
+        the module probes of older versions must still find no execution API). Shapes follow the engine's
+        IO; execute_async_v3 computes nothing (the fake cudart's device memory stays as it is)."""
+
+        def __init__(self, engine: Engine) -> None:
+            self.engine = engine
+            # The default is the verbosity the engine was built with (agent engines: DETAILED).
+            self.nvtx_verbosity = mod.ProfilingVerbosity.DETAILED
+            self.profiler: Any = None
+            self.active_optimization_profile = 0
+            self.shapes: dict[str, tuple[int, ...]] = {}
+            self.addresses: dict[str, int] = {}
+
+        def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+            if not 0 <= index < self.engine.num_optimization_profiles:
+                return False
+            self.active_optimization_profile = index
+            return True
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            if not any(t[0] == name for t in self.engine.io):
+                return False
+            self.addresses[name] = int(ptr)
+            return True
+
+        def set_input_shape(self, name: str, shape: Any) -> bool:
+            t = self.engine._t(name)
+            lo, _, hi = t[4]
+            shape = tuple(int(d) for d in shape)
+            fits = len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi, strict=True))
+            if t[1] != 1 or not fits:
+                return False
+            self.shapes[name] = shape
+            return True
+
+        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+            t = self.engine._t(name)
+            if t[1] == 1:
+                return self.shapes.get(name, t[2])
+            batch = next(iter(self.shapes.values()), (-1,))[0]  # outputs follow the input's batch
+            return (batch, *t[2][1:])
+
+        def execute_async_v3(self, stream: int) -> bool:
+            level = mod.ProfilingVerbosity(self.nvtx_verbosity).name
+            calls.append(("execute_async_v3", dict(self.shapes), level))
+            return len(self.addresses) == len(self.engine.io)
+
+    if not hasattr(mod, "ProfilingVerbosity"):
+        mod.ProfilingVerbosity = enum.IntEnum(
+            "ProfilingVerbosity", {"LAYER_NAMES_ONLY": 0, "NONE": 1, "DETAILED": 2}
+        )
+    # The engine every fake plan deserialises to: dynamic batch 1..8, two outputs; ENGINE_PROFILES
+    # optimisation profiles (the builder makes the profile set once per context: streams x the set).
     mod.ENGINE_IO = [
         ("images", 1, (-1, 3, 416, 416), 0, [(1, 3, 416, 416), (4, 3, 416, 416), (8, 3, 416, 416)]),
         ("scores", 2, (-1, 3598, 80), 0, None),
         ("boxes", 2, (-1, 3598, 32), 1, None),
     ]
+    mod.ENGINE_PROFILES = 1
+    # The next `refuse_loads` plans are refused with `refusal` (a TensorRT patch the manifest check missed).
+    mod.refuse_loads = 0
+    mod.refusal = (
+        "IRuntime::deserializeCudaEngine: Error Code 6: API Usage Error (The engine plan file is not "
+        f"compatible with this version of TensorRT, expecting library version {version}.1 got {version}.0, "
+        "please rebuild.)"
+    )
 
     class Runtime:
         def __init__(self, logger: Any) -> None:
             self.logger = logger
+            self._dla_core = -1
+
+        @property
+        def DLA_core(self) -> int:
+            return self._dla_core
+
+        @DLA_core.setter
+        def DLA_core(self, core: int) -> None:
+            calls.append(("Runtime.DLA_core", core))
+            self._dla_core = core
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
+            calls.append(("deserialize_cuda_engine", self._dla_core))
             if not bytes(plan).startswith(PLAN_MAGIC):
                 self.logger.log(ILogger.Severity.ERROR, "Serialization assertion magicTag failed")
+                return None
+            if mod.refuse_loads > 0:
+                mod.refuse_loads -= 1
+                self.logger.log(ILogger.Severity.ERROR, mod.refusal)
                 return None
             return Engine(mod.ENGINE_IO)
 
