@@ -44,6 +44,9 @@ def engine_information(
     if not api.has_engine_inspector:
         return None
     inspector = engine.create_engine_inspector()
+    if inspector is None:  # TensorRT returns null when it cannot make one (out of host memory)
+        log.warning("TensorRT could not create an engine inspector; no layer information")
+        return None
     if context is not None:
         inspector.execution_context = context
     fmt = cast("trt.LayerInformationFormat", api.mod.LayerInformationFormat.JSON)
