@@ -638,10 +638,36 @@ class TrtApi:
             return bytes(memoryview(cache.serialize()))
 
     # --- runtime --------------------------------------------------------------------------
-    def deserialize(self, plan: bytes, logger: Any) -> tuple[Any, Any]:
-        """(runtime, engine); engine is None when TensorRT refuses the plan (see logger.errors)."""
+    def deserialize(self, plan: bytes, logger: Any, dla_core: int | None = None) -> tuple[Any, Any]:
+        """(runtime, engine); engine is None when TensorRT refuses the plan (see logger.errors).
+
+        As trtexec does: the bundled plugins are registered first (a plan with plugin layers does not load
+        in a fresh process otherwise), and an engine built for DLA core `dla_core` gets that core on the
+        runtime (IRuntime::setDLACore) before it is deserialised."""
+        self.init_plugins(logger)
         runtime = self.mod.Runtime(logger)
+        if dla_core is not None:
+            if hasattr(runtime, "DLA_core"):
+                runtime.DLA_core = int(dla_core)
+            else:
+                log.warning("%s: the runtime has no DLA_core; DLA core %d not selected", self.label, dla_core)
         return runtime, runtime.deserialize_cuda_engine(plan)
+
+    # Serving lowers the engine's NVTX verbosity to this (names stay visible in Nsight Systems timelines).
+    SERVING_NVTX = "LAYER_NAMES_ONLY"
+
+    def serving_nvtx(self, context: Any, detailed: bool) -> str | None:
+        """Set an execution context's NVTX verbosity: DETAILED (as built: `edge-agent profile`) or
+        SERVING_NVTX. Engines are built DETAILED for the inspector, and TensorRT's docs say so: "Building
+        with DETAILED verbosity will generally increase latency in enqueueV3()"; the context's setting
+        cannot exceed the build's and does not change what the engine inspector sees. Returns the level
+        now in effect ("detailed", "layer_names_only"), None where TensorRT has no such setting."""
+        levels = getattr(self.mod, "ProfilingVerbosity", None)
+        wanted = getattr(levels, "DETAILED" if detailed else self.SERVING_NVTX, None)
+        if wanted is None or not hasattr(context, "nvtx_verbosity"):
+            return None
+        context.nvtx_verbosity = wanted
+        return _enum_name(context.nvtx_verbosity).lower()
 
     def _nptype(self, trt_dtype: Any) -> np.dtype:
         if hasattr(self.mod, "nptype"):

@@ -1,6 +1,8 @@
 """The one interface every inference runtime implements (ONNX Runtime now, TensorRT later).
 
 Shaped after Polygraphy's runners: public load/infer/close guard state, subclasses fill in *_impl.
+load() raises BackendError; PlanRefusedError (a subclass) where the compiled artifact itself was refused,
+which a rebuild can fix (the daemon rebuilds once: agent.lifecycle.manager).
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ import numpy as np
 
 class BackendError(RuntimeError):
     """A runtime could not load a model or run it; the message names the path or tensor."""
+
+
+class PlanRefusedError(BackendError):
+    """The runtime refused the compiled plan itself (TensorRT's deserialiser returned None for a reason in
+    the plan, e.g. a TensorRT patch the manifest's fingerprint does not tell apart): rebuilding it here can
+    help, unlike for "no GPU visible" or a CUDA failure. `reason` is the runtime's own message."""
+
+    def __init__(self, message: str, plan: str, reason: str) -> None:
+        super().__init__(message)
+        self.plan = plan
+        self.reason = reason
 
 
 @dataclass(frozen=True)

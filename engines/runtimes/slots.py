@@ -1,12 +1,14 @@
 """Execution slots: the contexts one TensorRT engine runs batches on, each with its own CUDA stream.
 
-    pool = SlotPool.create(engine, io, contexts=2, plan="/var/lib/.../det-1a2b.plan")
+    pool = SlotPool.create(engine, io, contexts=2, plan="/var/lib/.../det-1a2b.plan", profiles_per_context=1)
     outputs = pool.run(batch)              # any thread; waits for a free slot
     pool.last_gpu_ms                        # device time of the last batch that finished
     pool.close()                            # waits for running batches, frees in reverse order
 
 A slot is one IExecutionContext with its own optimisation profiles (the builder builds the profile set
-once per context: slot i owns profiles [i * n, (i + 1) * n)), a non-blocking stream, two timing events,
+once per context it builds for, n profiles each, recorded as the manifest's build.profiles_per_context:
+slot i owns profiles [i * n, (i + 1) * n), `slot_profiles`), so an engine built for 2 streams runs at most
+2 slots whatever `contexts` asks at load; a non-blocking stream, two timing events,
 and pinned host + device buffers per IO tensor sized for the largest shapes of its profiles, all
 allocated once. A batch: pick the slot's profile that admits the shape (switch with
 set_optimization_profile_async when needed) -> set_input_shape -> copy into pinned memory -> async H2D ->
@@ -63,6 +65,20 @@ class _Buffers:
 
 def _fits(shape: Shape, lo: Shape, hi: Shape) -> bool:
     return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi, strict=True))
+
+
+def slot_profiles(total: int, per_context: int | None, contexts: int) -> list[list[int]]:
+    """The optimisation profiles of each execution slot: slot i owns profile set i, i.e. profiles
+    [i * per_context, (i + 1) * per_context), for at most `contexts` slots and as many as the engine has
+    sets (`total // per_context`). Where `per_context` is unknown (None: built before the manifest recorded
+    it) or does not divide `total`, it is guessed as today: `total / contexts` when that divides, else one
+    slot owning every profile; a guess is right only while build and load use the same `streams`."""
+    contexts = max(1, contexts)
+    if per_context is None or per_context < 1 or total % per_context:
+        per_context = total // contexts if total % contexts == 0 else total
+    per_context = max(1, per_context)
+    n = max(1, min(contexts, total // per_context))
+    return [list(range(i * per_context, (i + 1) * per_context)) for i in range(n)]
 
 
 class ExecutionSlot:
@@ -241,24 +257,37 @@ class SlotPool:
         contexts: int,
         plan: str,
         cudart: ModuleType | None = None,
+        profiles_per_context: int | None = None,
     ) -> SlotPool:
-        """`contexts` slots owning equal shares of the engine's profiles (the builder made the profile set
-        once per context); an engine whose profiles do not split so runs on one slot, with a warning."""
+        """Up to `contexts` slots, each owning one profile set of the engine (slot_profiles): the builder
+        repeated the set once per context it was built for, `profiles_per_context` profiles each (the
+        manifest's build.profiles_per_context; None for engines built before it: guessed)."""
         rt = cudart or import_cudart()
-        contexts = max(1, contexts)
         total = engine.num_optimization_profiles
-        n = contexts if total % contexts == 0 else 1
-        if n < contexts:
+        if profiles_per_context is not None and (profiles_per_context < 1 or total % profiles_per_context):
             log.warning(
-                "%s: %d profiles do not split over %d contexts; one execution slot", plan, total, contexts
+                "%s: %d profiles per context recorded, but the engine has %d profiles; guessing the split",
+                plan,
+                profiles_per_context,
+                total,
             )
-        per_slot = total // n
+        sets = slot_profiles(total, profiles_per_context, contexts)
+        if len(sets) < max(1, contexts):
+            per = len(sets[0])
+            log.warning(
+                "%s: %d execution contexts configured, but the engine has %d profile set(s) (%d profiles, "
+                "%d per context): %d execution slot(s)",
+                plan,
+                contexts,
+                total // per,
+                total,
+                per,
+                len(sets),
+            )
         slots: list[ExecutionSlot] = []
         try:
-            for i in range(n):
-                slots.append(
-                    ExecutionSlot(engine, io, list(range(i * per_slot, (i + 1) * per_slot)), plan, rt)
-                )
+            for profiles in sets:
+                slots.append(ExecutionSlot(engine, io, profiles, plan, rt))
         except BaseException:
             for s in reversed(slots):
                 s.close()

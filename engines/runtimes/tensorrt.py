@@ -1,27 +1,35 @@
 """TensorRT / TensorRT-RTX runtime: load a stored plan (sha256 verified), run it on execution slots.
 
     backend = TensorRTBackend(store, "detector", check_result.key, contexts=2)
-    backend.load()       # BackendError naming the plan: no GPU, corrupt, refused, out of memory
+    backend.load()       # BackendError naming the plan: no GPU, corrupt, out of memory; PlanRefusedError
+                         # when TensorRT refuses the plan itself (a rebuild can fix that one)
     backend.infer(batch) # any thread; slots (engines.runtimes.slots) overlap on their own streams;
                          # batch: a host array or a DeviceTensor (GPU preprocessing, no host copy)
     backend.last_gpu_ms  # device time of the last batch (CUDA events)
     backend.set_profiler(p); backend.layer_information()   # per-layer view (engines.runtimes.trt_layers)
 
+Loading follows the manifest: a DLA engine's core is set on the runtime before deserialising, the slots
+own the profile sets the build made (build.profiles_per_context), and serving contexts run at NVTX
+verbosity LAYER_NAMES_ONLY although the engine is built DETAILED (for the inspector and `edge-agent
+profile`, whose set_profiler goes back to DETAILED): TensorRT's docs say DETAILED slows enqueueV3.
+
 Written to the TensorRT docs (Runtime.deserialize_cuda_engine, the tensor IO API); TensorRT cannot run
 on this project's CI (no supported GPU). There the "no GPU" refusal, the logic around TensorRT
-(tests/fake_tensorrt.py) and the attributes used (against the real tensorrt_rtx module) are tested; the
-slots run on a GPU with a `fake_` engine (tests/test_slots_gpu.py).
+(tests/fake_tensorrt.py) and the attributes used (against the real tensorrt_rtx module) are tested, load()
+end to end with a fake CUDA runtime (tests/test_engine_loading.py); the slots run on a GPU with a `fake_`
+engine (tests/test_slots_gpu.py).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
-from engines.runtimes.base import Backend, BackendError, Batch, TensorSpec
+from engines.runtimes.base import Backend, BackendError, Batch, PlanRefusedError, TensorSpec
 from engines.runtimes.slots import IoSpec, SlotPool
 from engines.runtimes.trt_layers import engine_information
 from engines.store import EngineStore
@@ -29,6 +37,17 @@ from engines.trt_api import IoTensor, TrtApi, import_trt
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
+
+log = logging.getLogger(__name__)
+
+# TensorRT's log when deserialisation fails for CUDA's sake, not the plan's: "Error Code 1: Cuda Runtime
+# (... cudaError 35: CUDA driver version is insufficient ...)" (TensorRT-RTX 1.7 without a driver,
+# measured), "Cuda Driver (...)", "OutOfMemory (...)", "out of memory".
+_CUDA_MARKS = ("cuda runtime", "cuda driver", "cudaerror", "outofmemory", "out of memory")
+
+
+def _cuda_failure(errors: list[str]) -> bool:
+    return any(mark in e.lower() for e in errors for mark in _CUDA_MARKS)
 
 
 class TensorRTBackend(Backend):
@@ -61,6 +80,10 @@ class TensorRTBackend(Backend):
         self._contexts = contexts
         self._pool: SlotPool | None = None
         self._io: list[IoTensor] = []
+        # NVTX verbosity of the execution contexts ("layer_names_only" while serving), None where the
+        # TensorRT has no such setting; the build's (manifest build.profiling_verbosity).
+        self.nvtx_verbosity: str | None = None
+        self._built_verbosity: str | None = None
 
     @property
     def plan_path(self) -> str:
@@ -81,17 +104,23 @@ class TensorRTBackend(Backend):
                 "(install cuda-python or pynvml, check the driver)"
             )
         try:
+            manifest = self.store.manifest(self.model, self.key)
             plan = self.store.read_plan(self.model, self.key)  # sha256 verified before TensorRT sees it
         except EngineError as e:
             raise BackendError(f"{api.flavor}: {e}") from e
+        built = manifest.build if manifest is not None else {}
+        dla_core = manifest.fingerprint.get("dla_core") if manifest is not None else None
         logger = api.logger()
         # TrtApi wraps whichever module is installed (untyped); the TensorRT API is typed from here on.
-        runtime, engine = cast("tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger))
+        runtime, engine = cast(
+            "tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger, dla_core)
+        )
         if engine is None:
-            raise BackendError(
-                f"{api.flavor}: TensorRT refused {self.plan_path}: "
-                + ("; ".join(logger.errors) or "no reason given")
-            )
+            reason = "; ".join(logger.errors) or "no reason given"
+            message = f"{api.flavor}: TensorRT refused {self.plan_path}: {reason}"
+            if _cuda_failure(logger.errors):  # this device, not the plan: a rebuild would not help
+                raise BackendError(message)
+            raise PlanRefusedError(message, self.plan_path, reason)
         io = api.io_tensors(engine)
         inputs = [t for t in io if t.is_input]
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
@@ -102,10 +131,30 @@ class TensorRTBackend(Backend):
         specs = [
             IoSpec(t.name, t.is_input, np.dtype(t.dtype)) for t in sorted(io, key=lambda t: not t.is_input)
         ]
+        per_context = built.get("profiles_per_context")
+        if per_context is None:
+            log.warning(
+                "%s: manifest %s has no build.profiles_per_context (built before it was recorded); "
+                "the profile sets per execution context are guessed from %d contexts",
+                self.plan_path,
+                self.store.manifest_path(self.model, self.key),
+                self._contexts,
+            )
         try:
-            pool = SlotPool.create(engine, specs, self._contexts, self.plan_path)
+            pool = SlotPool.create(
+                engine, specs, self._contexts, self.plan_path, profiles_per_context=per_context
+            )
         except EngineError as e:  # CUDA out of memory and friends, naming the call
             raise BackendError(f"{api.flavor}: cannot set up execution for {self.plan_path}: {e}") from e
+        # Serving contexts leave the DETAILED NVTX verbosity of the build (it slows enqueue); set_profiler
+        # restores it for `edge-agent profile`.
+        self.nvtx_verbosity = None
+        try:
+            for slot in pool.slots:
+                self.nvtx_verbosity = api.serving_nvtx(slot.context, detailed=False)
+        except Exception as e:  # only a speed-up: never a reason not to serve (nor to leak the slots)
+            log.warning("%s: NVTX verbosity not lowered for serving: %s", self.plan_path, e)
+        self._built_verbosity = built.get("profiling_verbosity")
         # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
         self._runtime, self._engine, self._pool, self._io = runtime, engine, pool, io
 
@@ -131,6 +180,9 @@ class TensorRTBackend(Backend):
         for slot in self._pool.slots:
             context = slot.context
             context.profiler = profiler
+            # NVTX back at the build's DETAILED (never above what the engine was built with).
+            if self._built_verbosity == "detailed":
+                self.nvtx_verbosity = self.trt_api.serving_nvtx(context, detailed=True)
 
     def layer_information(self) -> str | None:
         """The engine inspector's JSON (layers as detailed as the build's profiling verbosity), with the
