@@ -7,11 +7,14 @@
 
 Which manifest is compared: the one whose key the configured build would have, when it exists
 (so reverting a config or TensorRT version finds the previous engine again: rollback without a
-rebuild); otherwise the newest manifest of the model. A plan whose sha256 differs is corrupt.
+rebuild); otherwise the newest manifest of the model. A plan whose sha256 differs is corrupt. A plan
+TensorRT refused at load on this very device (build.refused_at_load, recorded by the daemon) needs a
+rebuild too, whatever else fits: the fingerprint cannot tell every TensorRT patch apart.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -183,6 +186,46 @@ def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
     return reasons
 
 
+def refusal_record(
+    fingerprint: Fingerprint, error: str, plan_sha256: str, refusals: int = 1
+) -> dict[str, Any]:
+    """The manifest's build.refused_at_load: TensorRT refused plan `plan_sha256` at load on the device
+    `fingerprint` (the live one, with the engine's DLA core) saying `error`; `refusals` counts the plans
+    of this engine refused in a row (2: refused again after a rebuild)."""
+    return {
+        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+        "error": error,
+        "fingerprint": fingerprint.manifest_dict(),
+        "plan_sha256": plan_sha256,
+        "refusals": refusals,
+    }
+
+
+def refusals(manifest: Manifest, fingerprint: Fingerprint) -> int:
+    """How many plans of this engine in a row TensorRT refused at load on this very device, going by
+    `manifest`'s record of its plan: 0 when it has none, or one of another device (the record's
+    fingerprint is the live one field for field: after a driver, CUDA or TensorRT update the plan gets
+    another chance)."""
+    record = manifest.build.get("refused_at_load")
+    if not isinstance(record, dict) or record.get("plan_sha256") != manifest.build["plan_sha256"]:
+        return 0
+    if record.get("fingerprint") != fingerprint.manifest_dict():
+        return 0
+    n = record.get("refusals")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
+def load_refusal(manifest: Manifest, fingerprint: Fingerprint) -> str | None:
+    """Why `manifest`'s plan must be rebuilt although every recorded fact fits: TensorRT refused it at
+    load on this device (`refusals`). None when it was not refused here."""
+    n = refusals(manifest, fingerprint)
+    if not n:
+        return None
+    in_a_row = f" ({n} plans in a row)" if n >= 2 else ""
+    error = manifest.build["refused_at_load"].get("error") or "no reason given"
+    return f"TensorRT refused this plan at load{in_a_row}: {error}"
+
+
 @dataclass(frozen=True)
 class CheckResult:
     status: Status
@@ -230,6 +273,9 @@ def check(store: EngineStore, model: str, settings: BuildSettings, fingerprint: 
         bad_plan = store.verify_plan(model, manifest)
         if bad_plan:
             reasons.append(bad_plan)
+        refused = load_refusal(manifest, spec.fingerprint)
+        if refused:
+            reasons.append(refused)
     elif not reasons:
         # Same recorded facts under another key: key scheme or hidden settings changed.
         reasons.append(f"build settings changed (engine {manifest.key} -> {key})")

@@ -56,6 +56,9 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "tf32": ((bool,), True),  # fp32 builds: false = TF32 disallowed; null = not applicable / no such flag
     "int8": ((dict,), True),  # {batches_fed, cache_read, calibrated_graph, kept_layers, int8_layers}
     "dla": ((dict,), True),  # {core, layers_on_dla, layers_on_gpu}
+    # Set by the daemon when TensorRT refused this plan at load: {at, error, fingerprint, plan_sha256,
+    # refusals} (engines.compat.refusal_record); a rebuild writes a manifest without it.
+    "refused_at_load": ((dict,), True),
 }
 
 

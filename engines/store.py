@@ -335,6 +335,26 @@ class EngineStore:
             raise StoreError(f"cannot write {self.manifest_path(model, key)}: {_reason(e)}") from e
         return updated
 
+    def set_refused_at_load(
+        self, model: str, key: str, plan_sha256: str, record: dict | None
+    ) -> Manifest | None:
+        """Record that TensorRT refused the plan `plan_sha256` of engine `key` at load (build.refused_at_load,
+        engines.compat.refusal_record; None clears it), by an atomic rewrite of its manifest; hold the lock.
+        Returns None, writing nothing, when the manifest no longer points at that plan: a rebuild replaced
+        it meanwhile, and its new plan has not been refused."""
+        m = self.manifest(model, key)
+        if m is None or m.build["plan_sha256"] != plan_sha256:
+            return None
+        build = {k: v for k, v in m.build.items() if k != "refused_at_load"}
+        if record is not None:
+            build["refused_at_load"] = record
+        updated = Manifest(m.fingerprint, build, m.validation, m.path)
+        try:
+            atomic_write_bytes(self.manifest_path(model, key), updated.to_json().encode())
+        except OSError as e:
+            raise StoreError(f"cannot write {self.manifest_path(model, key)}: {_reason(e)}") from e
+        return updated
+
     def prune(self, model: str, protect: str | None = None) -> list[str]:
         """Keep the `keep` newest keys (and `protect`); delete the rest. Returns the removed keys."""
         removed = []

@@ -3,8 +3,10 @@
 Per model, one state machine (the retained MQTT engine state, DESIGN.md):
 
     checking --fits, loads--> ready
-    checking --no fitting engine / not validated--> fallback --job starts--> building
+    checking --no fitting engine / not validated / plan refused--> fallback --job starts--> building
+    checking --plan refused in a row before (on record)--> failed
     ready | failed | fallback --rebuild--> building --job ok--> ready   (--job failed--> failed)
+    building | ready | failed --plan refused at load--> building (rebuild)   (--refused again--> failed)
 
 `state` is the engine's; `backend` names the runtime serving detections now. While no engine serves,
 ONNX Runtime does. A job (agent.lifecycle.job) runs in a child process; before it starts, the frames
@@ -12,6 +14,11 @@ the gate (and INT8) needs are taken from the model's running pipeline (FrameTap)
 camera session. A finished engine is loaded and warmed up here; only then is it handed to the model's
 worker, which switches at the top of its next batch. On a machine that can build but not run the engine
 (TensorRT-RTX without a supported GPU) the state is `ready` with `loaded: false` and the reason.
+A plan TensorRT itself refuses at load (PlanRefusedError: a TensorRT patch the fingerprint missed) is
+recorded as such in its manifest (build.refused_at_load: `edge-agent check` and the next start say
+"rebuild") and rebuilt once, forced; a rebuilt plan refused again leaves the model `failed`, on ONNX
+Runtime, until an operator asks for a rebuild. Serving engines run at a low NVTX verbosity
+(`nvtx_verbosity` in the state; engines.runtimes.tensorrt).
 Engines built by `edge-agent rebuild` in another process are noticed by a watcher and adopted alike.
 """
 
@@ -36,13 +43,18 @@ from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget, OrtOnly, engine_target, open_ort, warm_up
 from engines.buildproc import ChildProcess
-from engines.compat import check
+from engines.compat import check, refusal_record, refusals
+from engines.errors import EngineError
+from engines.manifest import Manifest
 from engines.plan import check_precision, needs_calibration_frames, needs_gate, plan_steps
-from engines.runtimes.base import Backend, BackendError
+from engines.runtimes.base import Backend, BackendError, PlanRefusedError
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.store import EngineStore
 
 log = logging.getLogger(__name__)
+
+# Seconds to wait for the model's build lock to record a refused plan in its manifest.
+REFUSAL_LOCK_WAIT_S = 5.0
 
 StatePublisher = Callable[[str, dict[str, Any]], None]
 Swapper = Callable[[str, Backend], None]
@@ -50,7 +62,7 @@ Swapper = Callable[[str, Backend], None]
 # Allowed moves of the engine state; anything else is a bug (logged, still published).
 TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({"checking"}),
-    "checking": frozenset({"ready", "fallback"}),
+    "checking": frozenset({"ready", "fallback", "failed"}),  # failed: its plan was refused in a row
     "fallback": frozenset({"building"}),
     "building": frozenset({"building", "ready", "failed"}),
     "ready": frozenset({"building", "ready"}),
@@ -71,6 +83,8 @@ class ModelEngine:
     seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
     last_progress_pub: float = 0.0
     retired: bool = False  # replaced or removed by a reload: its job's late news is dropped
+    refusals: int = 0  # plans TensorRT refused at load in a row (one that loads: 0); 2+: no auto rebuild
+    requested: str | None = None  # precision of the last job: a refused plan is rebuilt as it was asked
 
     @property
     def name(self) -> str:
@@ -141,8 +155,17 @@ class EngineManager:
         with me.lock:
             me.seen = self._listing(name)
         if not result.ok:
+            m = result.manifest
+            refused = refusals(m, result.spec.fingerprint) if m and result.spec and m.key == result.key else 0
+            with me.lock:
+                me.refusals = refused
+            if refused >= 2 and m is not None:  # refused again after its rebuild, before this start
+                return self._refused_on_record(me, m, refused, result.reasons)
             return self._fallback(me, result.reasons)
-        engine = self._load(me, result.key)
+        try:
+            engine = self._load(me, result.key)
+        except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
+            return self._fallback(me, [_refused_reason(exc)])
         if engine is not None:
             self._set(
                 me,
@@ -152,6 +175,7 @@ class EngineManager:
                 key=result.key,
                 loaded=True,
                 reasons=[],
+                nvtx_verbosity=engine.nvtx_verbosity,
             )
             return engine
         return open_ort(ctx)  # a fitting engine this device cannot run: _load published why
@@ -176,6 +200,24 @@ class EngineManager:
         self._pending_start.append(me.name)
         return backend
 
+    def _refused_on_record(self, me: ModelEngine, m: Manifest, refused: int, reasons: list[str]) -> Backend:
+        """Start-up with an engine whose plans TensorRT refused `refused` times in a row (its manifest says
+        so): ONNX Runtime serves, state `failed`, no job until an operator asks for a rebuild."""
+        backend = open_ort(me.ctx)
+        error = _refused_error(str(m.key), refused, m.build["refused_at_load"].get("error") or "no reason")
+        log.error("model %s: %s", me.name, error)
+        self._set(
+            me,
+            state="failed",
+            backend=backend.name,
+            precision=backend.precision,
+            reasons=reasons,
+            key=None,
+            loaded=False,
+            error=error,
+        )
+        return backend
+
     def start(self) -> None:
         """Jobs for models in fallback start now (their pipelines run: frames can be tapped)."""
         self.start_pending()
@@ -186,7 +228,8 @@ class EngineManager:
         pending, self._pending_start = self._pending_start, []
         for name in pending:
             if name in self._models:
-                self.rebuild(name)
+                # A refused plan is rebuilt under the same key: forced.
+                self.rebuild(name, force=self._models[name].refusals > 0)
 
     # ---- reload ----------------------------------------------------------------------------------
     def detach(self, name: str) -> ModelEngine | None:
@@ -243,8 +286,11 @@ class EngineManager:
             self._thread.join(2.0)
 
     # ---- jobs ----------------------------------------------------------------------------------
-    def rebuild(self, name: str, force: bool = False, precision: str | None = None) -> bool:
-        """Start a job for `name` in the background; False when one is already under way."""
+    def rebuild(
+        self, name: str, force: bool = False, precision: str | None = None, reasons: list[str] | None = None
+    ) -> bool:
+        """Start a job for `name` in the background; False when one is already under way. `reasons`: why,
+        for the published state (kept from before when None)."""
         me = self._models[name]
         if me.retired:
             return False
@@ -253,7 +299,9 @@ class EngineManager:
             if me.busy or self._stop.is_set():
                 return False
             me.busy = True
-        self._set(me, state="building", progress=None, error=None)
+            me.requested = requested
+        why = {} if reasons is None else {"reasons": reasons}
+        self._set(me, state="building", progress=None, error=None, **why)
         request = JobRequest(me.ctx, requested, force, 0.0, self._version)
         threading.Thread(target=self._run_job, args=(me, request), name=f"job-{name}", daemon=True).start()
         return True
@@ -350,17 +398,38 @@ class EngineManager:
 
     # ---- serving an engine ---------------------------------------------------------------------
     def _adopt(self, me: ModelEngine, key: str) -> None:
-        """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays."""
-        engine = self._load(me, key)
+        """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
+        A plan TensorRT refuses is rebuilt (once in a row: _load)."""
+        try:
+            engine = self._load(me, key)
+        except PlanRefusedError as exc:
+            if not me.retired and not self.rebuild(
+                me.name, force=True, precision=me.requested, reasons=[_refused_reason(exc)]
+            ):
+                log.warning(
+                    "model %s: engine %s refused; no rebuild started (one is under way)", me.name, key
+                )
+            return
         if engine is None:
             return
         if me.retired:  # reloaded away while it loaded: nobody serves this model with it any more
             engine.close()
             return
         self._swap(me.name, engine)
-        self._set(me, state="ready", backend=engine.name, precision=engine.precision, key=key, loaded=True)
+        self._set(
+            me,
+            state="ready",
+            backend=engine.name,
+            precision=engine.precision,
+            key=key,
+            loaded=True,
+            nvtx_verbosity=engine.nvtx_verbosity,
+        )
 
-    def _load(self, me: ModelEngine, key: str) -> Backend | None:
+    def _load(self, me: ModelEngine, key: str) -> TensorRTBackend | None:
+        """Engine `key` loaded and warmed up. None where it cannot run here (published: `ready`, `loaded:
+        false` and why) or where TensorRT refused its plan again after a rebuild (published: `failed`).
+        PlanRefusedError when TensorRT refused the plan and a rebuild is due (recorded in its manifest)."""
         manifest = self.store.manifest(me.name, key)
         plan_sha = manifest.build.get("plan_sha256") if manifest else None
         engine = TensorRTBackend(
@@ -374,8 +443,15 @@ class EngineManager:
         try:
             engine.load()
             warm_up(engine)  # an engine that cannot execute is never swapped in
-        except BackendError as exc:
+        except PlanRefusedError as exc:
             engine.close()
+            if self._plan_refused(me, key, plan_sha, manifest.fingerprint if manifest else None, exc):
+                raise
+            return None
+        except BackendError as exc:  # this device, not the plan (no GPU, CUDA, memory): kept, not rebuilt
+            engine.close()
+            with me.lock:
+                me.refusals = 0  # the row of refused plans is broken
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
             precision = manifest.build.get("precision") if manifest else None
             self._set(
@@ -388,8 +464,53 @@ class EngineManager:
                 precision=precision,
             )
             return None
+        with me.lock:
+            me.refusals = 0
         self._set(me, plan_sha256=plan_sha, load_error=None)
         return engine
+
+    def _plan_refused(
+        self,
+        me: ModelEngine,
+        key: str,
+        plan_sha: str | None,
+        built_for: dict[str, Any] | None,
+        exc: PlanRefusedError,
+    ) -> bool:
+        """Record the refusal in the engine's manifest, so `check` and the next start know it; True when a
+        rebuild is due (the first refusal in a row), else publish `failed` (no rebuild loop)."""
+        with me.lock:
+            me.refusals += 1
+            n = me.refusals
+        if plan_sha is not None and built_for is not None:
+            # The device that refused it: the live fingerprint with the engine's DLA core, as check()'s.
+            fp = me.target.fingerprint.for_build(built_for.get("dla_core"), None)
+            self._record_refusal(me, key, plan_sha, refusal_record(fp, exc.reason, plan_sha, n))
+        if n < 2:
+            log.error("model %s: %s; rebuilding engine %s", me.name, exc, key)
+            return True
+        error = _refused_error(key, n, exc.reason)
+        log.error("model %s: %s", me.name, error)
+        self._set(
+            me,
+            state="failed",
+            plan_sha256=plan_sha,
+            load_error=str(exc),
+            reasons=[_refused_reason(exc)],
+            error=error,
+            progress=None,
+        )
+        return False
+
+    def _record_refusal(self, me: ModelEngine, key: str, plan_sha: str, record: dict[str, Any]) -> None:
+        try:
+            with self.store.lock(me.name, wait_s=REFUSAL_LOCK_WAIT_S):
+                written = self.store.set_refused_at_load(me.name, key, plan_sha, record)
+        except EngineError as exc:  # the lock held by a build, a read-only disk: the rebuild still happens
+            log.warning("model %s: the refused plan of engine %s is not recorded: %s", me.name, key, exc)
+            return
+        if written is None:
+            log.info("model %s: engine %s was rebuilt meanwhile; the refusal is not recorded", me.name, key)
 
     # ---- watcher -------------------------------------------------------------------------------
     def _listing(self, name: str) -> tuple:
@@ -444,3 +565,16 @@ class EngineManager:
             me.state.setdefault("fingerprint", me.target.fingerprint.manifest_dict())
             if not me.retired:
                 self._publish(me.name, dict(me.state))
+
+
+def _refused_reason(exc: PlanRefusedError) -> str:
+    return f"TensorRT refused this plan at load: {exc.reason}"
+
+
+def _refused_error(key: str, refusals: int, reason: str) -> str:
+    times = "twice" if refusals == 2 else f"{refusals} times in a row"
+    return (
+        f"TensorRT refused the plan of engine {key} at load {times}, the last one just rebuilt ({reason}); "
+        "ONNX Runtime serves, and no more rebuilds start by themselves: send the rebuild command or run "
+        "`edge-agent rebuild` once TensorRT is fixed"
+    )
