@@ -10,20 +10,50 @@ deserialisation); everything that tensorrt_rtx can do for real is tested with te
 Every instance records calls in `trt.calls` (list of tuples).
 
 INT8 (int8=True): the network has DETECTOR_LAYERS (names/types/tensors, settable precision and output
-types); build_serialized_network drives a config.int8_calibrator the way TensorRT does (get_batch_size,
-read_calibration_cache, then get_batch until None, then write_calibration_cache). FakeAllocator stands in
-for cuda-python device buffers.
+types), plus ISLAND_LAYERS when the parsed ONNX has an FP32 island (nodes named keep_fp32/...: the grafted
+NMS tail, a loop and BOOL comparisons); build_serialized_network drives a config.int8_calibrator the way
+TensorRT does (get_batch_size, read_calibration_cache, then get_batch until None, then
+write_calibration_cache). FakeAllocator stands in for cuda-python device buffers.
+
+Behaviours of real TensorRT the fake models, so the code around it is tested against them:
+- TensorRT 7.1-8.0 skip INT8 calibration silently on networks with BOOL tensors or loops (the calibrator
+  is never called; the engine gets no INT8 layer);
+- both OBEY_ and PREFER_PRECISION_CONSTRAINTS set: the build fails (NvInfer.h: set exactly one);
+- ONNX ops of TensorRT's plugin library (names ending in _TRT) parse only after init_libnvinfer_plugins;
+- DLA (default_device_type DLA) refuses FP32 builds and profiles with min != max; can_run_on_DLA answers
+  per layer type (DLA_LAYER_TYPES);
+- add_optimization_profile returns -1 for a profile missing an input or with min > opt > max;
+- a timing cache from another TensorRT version is refused by set_timing_cache (returns False) unless
+  mismatches are ignored; unreadable cache bytes give None.
+Every plan records its layers and the precision each ran in (`plan_layers`), which the engine inspector
+of the deserialised plan reports.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 PLAN_MAGIC = b"FAKEPLAN"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+
+def _onnx_or_none(raw: bytes) -> Any:
+    import onnx
+
+    try:
+        return onnx.load_from_string(raw) if raw else None
+    except Exception:  # a placeholder file in a test: nothing to model
+        return None
+
 
 # (name, LayerType, input tensors, [(output tensor, DataType)]): a small detector. Stem conv, a backbone
 # conv with a sigmoid gate, a shape op (INT32), and two heads (conv -> sigmoid/softmax -> reshape).
@@ -42,6 +72,19 @@ DETECTOR_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
     ("head/box/Reshape", "SHUFFLE", ["t6", "s0"], [("boxes", "FLOAT")]),
 ]
 
+# The grafted decode + NMS tail as the ONNX parser turns it into layers: a comparison (BOOL output) and a
+# loop. Names carry the engines.islands prefix the parser keeps from the ONNX node names.
+ISLAND_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
+    ("keep_fp32/Greater", "ELEMENTWISE", ["scores", "thr"], [("keep", "BOOL")]),
+    ("keep_fp32/Mul", "ELEMENTWISE", ["boxes", "scale"], [("pix", "FLOAT")]),
+    ("keep_fp32/Loop/trip", "TRIP_LIMIT", ["s0"], []),
+    ("keep_fp32/Loop/iou", "RECURRENCE", ["pix", "keep"], [("state", "FLOAT")]),
+    ("keep_fp32/Loop/out", "LOOP_OUTPUT", ["state"], [("det_boxes", "FLOAT")]),
+]
+LOOP_LAYER_TYPES = ("TRIP_LIMIT", "RECURRENCE", "LOOP_OUTPUT", "ITERATOR")
+# Layer types the fake DLA runs (the rest falls back to the GPU).
+DLA_LAYER_TYPES = ("CONVOLUTION", "ACTIVATION", "ELEMENTWISE", "SOFTMAX", "CONCATENATION")
+
 
 LAYER_TYPES = (
     "CONVOLUTION",
@@ -55,6 +98,7 @@ LAYER_TYPES = (
     "SHAPE",
     "QUANTIZE",
     "DEQUANTIZE",
+    *LOOP_LAYER_TYPES,
 )
 
 
@@ -124,7 +168,7 @@ def make(
     if strongly_typed_flag:
         ndcf["STRONGLY_TYPED"] = 1
     mod.NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", ndcf or {"_NONE": 9})
-    flags = {"GPU_FALLBACK": 3, "REFIT": 4}
+    flags = {"GPU_FALLBACK": 3, "REFIT": 4, "TF32": 6}
     if weak:
         flags.update(FP16=0, INT8=1)
     if int8:
@@ -149,6 +193,14 @@ def make(
             pass
 
     mod.ILogger = ILogger
+    mod.plugins_registered = False
+
+    def init_libnvinfer_plugins(logger: Any, namespace: str) -> bool:
+        calls.append(("init_libnvinfer_plugins", namespace))
+        mod.plugins_registered = True
+        return True
+
+    mod.init_libnvinfer_plugins = init_libnvinfer_plugins
 
     if progress:
 
@@ -208,14 +260,36 @@ def make(
             self.flags = flags
             self.layers: list[Layer] = []
             self.outputs: list[Tensor] = []
+            self._qdq = False
+            self.tensors: dict[str, Tensor] = {
+                "images": Tensor("images", mod.DataType.FLOAT),
+                "thr": Tensor("thr", mod.DataType.FLOAT),
+                "scale": Tensor("scale", mod.DataType.FLOAT),
+            }
             if int8:
-                tensors: dict[str, Tensor] = {"images": Tensor("images", mod.DataType.FLOAT)}
-                for name, kind, ins, outs in layers or DETECTOR_LAYERS:
-                    made = [Tensor(o, mod.DataType[dt]) for o, dt in outs]
-                    tensors.update({t.name: t for t in made})
-                    self.layers.append(Layer(name, kind, [tensors[i] for i in ins], made))
-                self.outputs = [tensors["scores"], tensors["boxes"]]
+                self._add(layers or DETECTOR_LAYERS)
+                self.outputs = [self.tensors["scores"], self.tensors["boxes"]]
             mod.last_network = self
+
+        def _add(self, specs: list[tuple[str, str, list[str], list[tuple[str, str]]]]) -> None:
+            for name, kind, ins, outs in specs:
+                made = [Tensor(o, mod.DataType[dt]) for o, dt in outs]
+                self.tensors.update({t.name: t for t in made})
+                self.layers.append(Layer(name, kind, [self.tensors[i] for i in ins], made))
+
+        def _add_island(self) -> None:
+            """The parser met an FP32 island (keep_fp32/ nodes): its layers and output join the network."""
+            if int8 and not any(layer.name.startswith("keep_fp32/") for layer in self.layers):
+                self._add(ISLAND_LAYERS)
+                self.outputs.append(self.tensors["det_boxes"])
+
+        @property
+        def _has_bool_or_loop(self) -> bool:
+            return any(
+                layer.type.name in LOOP_LAYER_TYPES
+                or any(t.dtype == mod.DataType.BOOL for t in layer._outputs)
+                for layer in self.layers
+            )
 
         @property
         def num_layers(self) -> int:
@@ -233,6 +307,7 @@ def make(
 
     class OnnxParser:
         def __init__(self, network: Network, logger: Any) -> None:
+            self.network = network
             self.errors = [ParserError(*e) for e in (parse_errors or [])]
 
         @property
@@ -242,19 +317,49 @@ def make(
         def get_error(self, i: int) -> ParserError:
             return self.errors[i]
 
+        def _read(self, model: Any) -> bool:
+            """What the real parser does with the graph, as far as the fake models it: plugin ops need the
+            plugin registry; an FP32 island adds its layers. Bytes that are not ONNX are taken as they are
+            (tests hand the fake placeholder files)."""
+            nodes = list(model.graph.node) if model is not None else []
+            for node in nodes:
+                if node.op_type.endswith("_TRT") and not mod.plugins_registered:
+                    self.errors.append(
+                        ParserError(
+                            node.name,
+                            node.op_type,
+                            f"No importer registered for op: {node.op_type}. Attempting to import as "
+                            "plugin. Plugin not found (init_libnvinfer_plugins not called?)",
+                        )
+                    )
+            if any(n.op_type == "DequantizeLinear" for n in nodes):
+                self.network._qdq = True  # the parser makes IDequantizeLayers: scales are in the graph
+            if any(n.name.startswith("keep_fp32/") for n in nodes):
+                self.network._add_island()
+            return not self.errors
+
         def parse(self, data: bytes) -> bool:
             calls.append(("parse", "bytes", len(data)))
-            return not self.errors
+            return self._read(_onnx_or_none(bytes(data)))
 
         def parse_from_file(self, path: str) -> bool:
             calls.append(("parse", "file", path))
-            return not self.errors
+            try:
+                raw = Path(path).read_bytes()
+            except OSError:
+                raw = b""
+            return self._read(_onnx_or_none(raw))
 
     mod.OnnxParser = OnnxParser
 
     class TimingCache:
+        """Serialised as "trt<version>;key,key": a cache remembers the TensorRT that made it."""
+
         def __init__(self, data: bytes) -> None:
-            self.keys = [k for k in data.decode().split(",") if k]
+            text = data.decode(errors="replace")
+            self.version, _, keys = text.partition(";") if ";" in text else (version, "", text)
+            self.version = self.version.removeprefix("trt")
+            self.keys = [k for k in keys.split(",") if k]
 
         def queryKeys(self) -> list[str]:
             return list(self.keys)
@@ -264,7 +369,7 @@ def make(
             return True
 
         def serialize(self) -> bytes:
-            return ",".join(self.keys).encode()
+            return f"trt{self.version};{','.join(self.keys)}".encode()
 
     class Profile:
         def __init__(self) -> None:
@@ -273,25 +378,58 @@ def make(
         def set_shape(self, name: str, mn: Any, opt: Any, mx: Any) -> None:
             self.shapes[name] = (tuple(mn), tuple(opt), tuple(mx))
 
+        @property
+        def _valid(self) -> bool:
+            return bool(self.shapes) and all(
+                len(a) == len(b) == len(c) and all(x <= y <= z for x, y, z in zip(a, b, c, strict=True))
+                for a, b, c in self.shapes.values()
+            )
+
+    def create_timing_cache(self: Any, data: Any) -> TimingCache | None:
+        raw = bytes(data)
+        if raw and not raw.startswith(b"trt"):
+            return None  # TensorRT cannot read it
+        return TimingCache(raw)
+
+    def set_timing_cache(self: Any, cache: TimingCache, ignore_mismatch: bool) -> bool:
+        if cache.version != version and not ignore_mismatch:
+            return False  # made by another TensorRT (or device): refused
+        self.timing_cache = cache
+        return True
+
+    def add_optimization_profile(self: Any, profile: Profile) -> int:
+        if not profile._valid:
+            return -1
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+    def can_run_on_dla(self: Any, layer: Layer) -> bool:
+        return self.default_device_type == mod.DeviceType.DLA and layer.type.name in DLA_LAYER_TYPES
+
     config_attrs: dict[str, Any] = {}
 
     def cfg_init(self: Any) -> None:
         self.flags_set = []
+        self.cleared = []
         self.profiles = []
         self.pool_limits = {}
         self.timing_cache = None
 
     config_attrs["__init__"] = cfg_init
     config_attrs["set_flag"] = lambda self, f: self.flags_set.append(f)
-    config_attrs["add_optimization_profile"] = lambda self, p: self.profiles.append(p)
-    config_attrs["create_timing_cache"] = lambda self, data: TimingCache(bytes(data))
-    config_attrs["set_timing_cache"] = lambda self, cache, ignore: (
-        setattr(self, "timing_cache", cache) or True
+    config_attrs["clear_flag"] = lambda self, f: (
+        self.cleared.append(("clear_flag", f)),
+        setattr(self, "flags_set", [x for x in self.flags_set if x != f]),
     )
+    config_attrs["add_optimization_profile"] = add_optimization_profile
+    config_attrs["create_timing_cache"] = create_timing_cache
+    config_attrs["set_timing_cache"] = set_timing_cache
+    config_attrs["can_run_on_DLA"] = can_run_on_dla
     if int8:
         config_attrs["int8_calibrator"] = None
         config_attrs["set_calibration_profile"] = lambda self, p: calls.append(("calibration_profile", p))
     config_attrs["DLA_core"] = -1
+    config_attrs["profiling_verbosity"] = None  # set to ProfilingVerbosity.DETAILED by the agent's builds
     config_attrs["default_device_type"] = None
     if memory_pool:
         config_attrs["set_memory_pool_limit"] = lambda self, pool, n: self.pool_limits.__setitem__(pool, n)
@@ -320,8 +458,23 @@ def make(
         def create_optimization_profile(self) -> Profile:
             return Profile()
 
-        def build_serialized_network(self, network: Network, config: Any) -> bytes:
+        def _refuse(self, why: str) -> None:
+            self.logger.log(ILogger.Severity.ERROR, why)
+
+        def build_serialized_network(self, network: Network, config: Any) -> bytes | None:
             calls.append(("build", config))
+            flags = config.flags_set
+            names = {mod.BuilderFlag(f).name for f in flags}
+            if {"OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS"} <= names:
+                self._refuse("Invalid configuration: both OBEY and PREFER precision constraints are set")
+                return None
+            if config.default_device_type == mod.DeviceType.DLA:
+                if not names & {"FP16", "INT8"}:
+                    self._refuse("DLA requires FP16 or INT8 precision (no FP32 on DLA)")
+                    return None
+                if any(s[0] != s[2] for p in config.profiles for s in p.shapes.values()):
+                    self._refuse("DLA supports only static shapes: profile min must equal max")
+                    return None
             mon = getattr(config, "progress_monitor", None)
             if mon is not None:
                 mon.phase_start("Building engine", None, 2)
@@ -331,22 +484,39 @@ def make(
             if config.timing_cache is not None:
                 config.timing_cache.keys = sorted({*config.timing_cache.keys, "conv1", "conv2"})
             cal = getattr(config, "int8_calibrator", None)
-            if cal is not None and mod.BuilderFlag.INT8 in config.flags_set:
-                _calibrate(cal, list(config.profiles[0].shapes) if config.profiles else ["images"])
+            scales = False
+            if cal is not None and "INT8" in names:
+                if (7, 1) <= _version_tuple(version) < (8, 2) and network._has_bool_or_loop:
+                    calls.append(("calib_skipped", "bool/loop network"))  # silently, as those versions did
+                else:
+                    scales = _calibrate(
+                        cal, list(config.profiles[0].shapes) if config.profiles else ["images"]
+                    )
+            elif network._qdq and ("INT8" in names or not weak):  # strongly typed: no flag needed
+                scales = True  # Q/DQ network: the scales are in the graph
             shapes = config.profiles[0].shapes if config.profiles else {}
-            return PLAN_MAGIC + repr(sorted(shapes.items())).encode()
+            plan_layers = [
+                [layer.name, layer.type.name, _layer_precision(layer, names, scales)]
+                for layer in network.layers
+            ]
+            mod.last_plan_layers = plan_layers
+            return (
+                PLAN_MAGIC
+                + json.dumps({"shapes": repr(sorted(shapes.items())), "layers": plan_layers}).encode()
+            )
 
     mod.Builder = Builder
 
-    def _calibrate(cal: Any, names: list[str]) -> None:
-        # TensorRT's order: batch size, cache; without a cache, batches until None, then write the cache.
+    def _calibrate(cal: Any, names: list[str]) -> bool:
+        """TensorRT's order: batch size, cache; without a cache, batches until None, then write the cache.
+        True when scales came out of it (a cache, or at least one batch)."""
         calls.append(("calib_batch_size", cal.get_batch_size()))
         if hasattr(cal, "get_quantile"):
             calls.append(("calib_quantile", cal.get_quantile(), cal.get_regression_cutoff()))
         cached = cal.read_calibration_cache()
         if cached:
             calls.append(("calib_cache_read", bytes(cached)))
-            return
+            return True
         n = 0
         while True:
             ptrs = cal.get_batch(names)
@@ -355,6 +525,17 @@ def make(
             n += 1
             calls.append(("calib_batch", list(ptrs)))
         cal.write_calibration_cache(memoryview(f"FAKE-CALIB-{n}-batches".encode()))
+        return n > 0
+
+    def _layer_precision(layer: Layer, flags: set[str], scales: bool) -> str:
+        """What the fake builder runs a layer in: a constraint wins (where a constraint flag is set), else
+        INT8 for convolutions with scales, else FP16 with the FP16 flag, else FP32."""
+        constrained = flags & {"OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS", "STRICT_TYPES"}
+        if layer.precision is not None and constrained:
+            return mod.DataType(layer.precision).name
+        if scales and layer.type.name == "CONVOLUTION":
+            return "INT8"
+        return "HALF" if "FP16" in flags else "FLOAT"
 
     if int8:
         mod.LayerType = enum.IntEnum(
@@ -371,9 +552,36 @@ def make(
         for name in calibrators:
             setattr(mod, name, calibrator_class(name))
 
+    mod.LayerInformationFormat = enum.IntEnum("LayerInformationFormat", {"ONELINE": 0, "JSON": 1})
+    _DATATYPE_WORDS = {"INT8": "Int8", "HALF": "Half", "FLOAT": "Float", "INT32": "Int32", "BOOL": "Bool"}
+
+    class EngineInspector:
+        """IEngineInspector: the layers of the plan as its builder recorded them, in the JSON format."""
+
+        def __init__(self, layers: list[list[str]]) -> None:
+            self._layers = layers
+            self.execution_context: Any = None
+
+        def get_engine_information(self, fmt: Any) -> str:
+            assert fmt == mod.LayerInformationFormat.JSON, "the fake speaks JSON only"
+            return json.dumps(
+                {
+                    "Layers": [
+                        {
+                            "Name": name,
+                            "LayerType": kind,
+                            "Inputs": [{"Format/Datatype": _DATATYPE_WORDS[prec]}],
+                        }
+                        for name, kind, prec in self._layers
+                    ]
+                }
+            )
+
     class Engine:
-        def __init__(self, io: list[tuple[str, int, tuple[int, ...], int, Any]]) -> None:
+        def __init__(self, io: list[tuple[str, int, tuple[int, ...], int, Any]], plan: bytes = b"") -> None:
             self.io = io
+            body = plan[len(PLAN_MAGIC) :]
+            self._layers: list[list[str]] = json.loads(body)["layers"] if body.startswith(b"{") else []
             if io_api:
                 self.num_io_tensors = len(io)
             self.num_optimization_profiles = mod.ENGINE_PROFILES
@@ -398,6 +606,11 @@ def make(
 
         def create_execution_context(self) -> ExecutionContext:
             return ExecutionContext(self)
+
+        def create_engine_inspector(self) -> EngineInspector:
+            return EngineInspector(self._layers)
+
+    mod.ICudaEngine = Engine
 
     class ExecutionContext:
         """IExecutionContext as engines.runtimes.slots drives it (not exposed as mod.IExecutionContext:
@@ -490,7 +703,7 @@ def make(
                 mod.refuse_loads -= 1
                 self.logger.log(ILogger.Severity.ERROR, mod.refusal)
                 return None
-            return Engine(mod.ENGINE_IO)
+            return Engine(mod.ENGINE_IO, bytes(plan))
 
     mod.Runtime = Runtime
     return mod

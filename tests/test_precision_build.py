@@ -16,6 +16,7 @@ from pathlib import Path
 
 import fake_tensorrt
 import numpy as np
+import onnx
 import pytest
 
 from engines.builder import build
@@ -440,9 +441,31 @@ def test_int8_build_failures_leave_store_untouched(tmp_path):
     }  # no engine and no calibration cache from a broken calibration
 
 
+def qdq_stub() -> onnx.ModelProto:
+    """The smallest Q/DQ graph: x -> QuantizeLinear -> DequantizeLinear -> y."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    inits = [
+        helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+        helper.make_tensor("z", TensorProto.INT8, [], [0]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 416, 416])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 416, 416])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_int8_from_qdq_and_npy_data_and_without_int8_support(tmp_path):
     qdq = tmp_path / "model-qdq.onnx"
-    qdq.write_bytes(NANODET.read_bytes())  # the fakes never look inside
+    onnx.save(qdq_stub(), str(qdq))  # the fake parser only looks for DequantizeLinear nodes
     cal = {**CAL, "cache_sha256": sha256_file(qdq)}
     # Weakly typed + Q/DQ: INT8 + FP16 flags, no calibrator, no constraints, the Q/DQ file parsed.
     weak = fake_tensorrt.make("10.3.0", int8=True)
@@ -533,9 +556,9 @@ def test_device_buffer_and_cuda_call_with_fake_runtime():
 
 
 def test_weakly_typed_fp16_pins_the_fp32_island(tmp_path):
-    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: every island layer that
-    reads or writes floats (a comparison to BOOL included) is pinned to FP32 with PREFER_PRECISION_CONSTRAINTS;
-    only float outputs get an output type; the rest of the network is left alone."""
+    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: every island layer
+    that reads or writes floats (a comparison to BOOL included) is pinned to FP32 with
+    PREFER_PRECISION_CONSTRAINTS; only float outputs get an output type; the rest is left alone."""
     island = [
         ("keep_fp32/graft/Mul_7", "ELEMENTWISE", ["scores", "boxes"], [("g0", "FLOAT")]),
         ("keep_fp32/graft/Equal_8", "ELEMENTWISE", ["g0", "g0"], [("g1", "BOOL")]),
