@@ -34,11 +34,7 @@ OPTION_SETS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 # this test; fake_tensorrt.py is not changed here). Code using them would pass on the fake and fail on
 # TensorRT; engines/ code does not (tests/test_trt_attributes.py would say). Renaming them with a leading
 # "_" ends the listing.
-KNOWN_FAKE_GAPS = {
-    "INetworkDefinition.add_island",  # the fake parser adds the FP32-island layers through it
-    "INetworkDefinition.has_bool_or_loop",  # the fake builder's TensorRT 7.1-8.0 calibration skip
-    "IOptimizationProfile.valid",  # add_optimization_profile's check (TensorRT: bool(profile), __bool__)
-}
+KNOWN_FAKE_GAPS: set[str] = set()  # fake-only helpers are private ('_'); keep it empty
 
 needs_stubs = pytest.mark.skipif(stub_path() is None, reason=SKIP_REASON)
 

@@ -170,19 +170,10 @@ REQUIRED: dict[str, set[tuple[str, str, str]]] = {
 # Unguarded uses that a supported version lacks, found by this test; each is a possible defect of
 # engines/ code (not fixed here), "Class.attr" -> why it is listed. Printed on every run; a gap not listed
 # fails the test. KNOWN_GAPS: TensorRT 8.6.1 / 10.13; KNOWN_RTX_GAPS: the installed tensorrt_rtx.
-KNOWN_GAPS: dict[str, str] = {
-    # engines/builder.py sets it under `if monitor is not None`, and api.progress_monitor() returns a
-    # monitor only where has_progress_monitor holds (TensorRT >= 10): guarded through a None return,
-    # which this test cannot follow. 8.6.1 has no IBuilderConfig.progress_monitor.
-    "IBuilderConfig.progress_monitor": "guarded by api.progress_monitor() returning None (not followed)",
-}
-KNOWN_RTX_GAPS: dict[str, str] = {
-    # TrtApi.constrain_layer / constrain_float_layer pin per-layer precisions; their callers
-    # (int8_build.configure_int8, builder._pin_fp32_islands) run them only where api.weakly_typed, a guard
-    # in the caller this test does not follow. TensorRT-RTX is strongly typed: no per-layer precision.
-    "ILayer.precision": "callers check api.weakly_typed (not followed); RTX is strongly typed",
-    "ILayer.set_output_type": "callers check api.weakly_typed (not followed); RTX is strongly typed",
-}
+# Unguarded uses a supported TensorRT lacks. Empty: the builder attaches its progress monitor under
+# api.has_progress_monitor and TrtApi.constrain_* probe weakly_typed themselves. Keep it empty.
+KNOWN_GAPS: dict[str, str] = {}
+KNOWN_RTX_GAPS: dict[str, str] = {}
 
 Fact = tuple[str, str]  # (class or MODULE, attribute) known to exist; ("*", name): on something unknown
 
