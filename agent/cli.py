@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False, config_path: str | No
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     agent.run_forever()
+    # Stopped, "offline" published, handlers given back: a late Ctrl-C or SIGTERM must not turn the clean
+    # exit into a KeyboardInterrupt traceback or a death by signal while the interpreter shuts down.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     return 0
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from agent.preflight import preflight
 from agent.reload import ReloadPlan, plan_reload
 from agent.results import ConsoleSink, detection_fields
 from agent.service import Notifier, extending
+from agent.signals import SignalInbox
 from agent.supervisor import ModelProgress, Progress, Supervisor
 from agent.telemetry import Metrics, RateCounter, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
@@ -99,10 +99,9 @@ class Agent:
         self.config_path = Path(config_path) if config_path is not None else None
         self.started_at = time.time()
         self._stop = threading.Event()
-        self._reload_requested = threading.Event()
-        self._wakeup = threading.Event()  # the main loop: stop or reload asked (set from signal handlers)
+        # SIGTERM/SIGINT/SIGHUP only set flags there; the main loop (run_forever) stops or reloads.
+        self._signals = SignalInbox()
         self._reload_lock = threading.Lock()
-        self._old_handlers: dict[int, Any] = {}
         self.last_reload: dict | None = None  # outcome of the last reload, in the status payload
         self.notifier = notifier or Notifier()
         self.supervisor = Supervisor(self.notifier, self.progress)
@@ -633,40 +632,33 @@ class Agent:
             self.engines.republish()  # discovery configs follow in _reload_from_file
 
     # ---- stop --------------------------------------------------------------------------------
-    def request_stop(self, *_: object) -> None:
+    def request_stop(self) -> None:
+        """Stop from any thread (not a signal handler: those go through SignalInbox)."""
         self._stop.set()
-        self._wakeup.set()
+        self._signals.stop = True
+        self._signals.poke()
 
-    def request_reload(self, *_: object) -> None:
-        self._reload_requested.set()
-        self._wakeup.set()
+    def request_reload(self) -> None:
+        self._signals.reload = True
+        self._signals.poke()
 
     def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread may set handlers (an embedding application keeps its own)
-        for sig, handler in (
-            (signal.SIGTERM, self.request_stop),
-            (signal.SIGINT, self.request_stop),
-            (signal.SIGHUP, self.request_reload),
-        ):
-            self._old_handlers.setdefault(sig, signal.signal(sig, handler))
+        self._signals.install()
 
     def _restore_signals(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for sig, handler in self._old_handlers.items():
-                signal.signal(sig, handler)
-        self._old_handlers.clear()
+        self._signals.restore()
 
     def run_forever(self) -> None:
-        """The main thread: signals only set flags (a handler may interrupt any line of this thread);
-        the reload itself runs here, between waits."""
+        """The main thread: signal handlers only set flags (a handler may interrupt any line of this
+        thread, even one holding a lock); the stop and the reload themselves run here, between waits. Any
+        burst of signals ends in reloads or in one stop: a stop wins over reloads still pending."""
         self._install_signals()
         try:
-            while not self._stop.is_set():
-                self._wakeup.wait(0.5)
-                self._wakeup.clear()
-                if self._reload_requested.is_set() and not self._stop.is_set():
-                    self._reload_requested.clear()
+            while not (self._signals.stop or self._stop.is_set()):
+                self._signals.wait(0.5)
+                if self._signals.stop:
+                    break
+                if self._signals.take_reload():
                     self.reload()
         finally:
             self.stop()
