@@ -27,7 +27,7 @@ from engines.runtimes.base import Backend
 from pipelines.frames import Frame, stage_latencies_ms
 from pipelines.models.base import ModelAdapter
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
-from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec, open_reader
 
 STAGES = ("queue", "preprocess", "wait", "infer", "postprocess", "publish", "total")
 
@@ -90,8 +90,6 @@ class Readers:
     """N camera readers (FFmpeg or NVDEC decode of a looped file, or RTSP), as the daemon runs them."""
 
     def __init__(self, specs: list[SourceSpec], slots: list[FrameSlot], decoder: str = "cpu") -> None:
-        from pipelines.nvdec import open_reader
-
         self.decoder = decoder
         self._readers: list[CameraReader] = [
             open_reader(s, slot, None, decoder=decoder) for s, slot in zip(specs, slots, strict=True)

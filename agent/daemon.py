@@ -37,10 +37,9 @@ from engines.errors import EngineError
 from engines.runtimes.base import Backend
 from pipelines.frames import host_image, stage_latencies_ms
 from pipelines.models import check_outputs, make_adapter, probe_input
-from pipelines.nvdec import open_reader
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
-from pipelines.sources import CameraReader, SourceSpec
+from pipelines.sources import CameraReader, SourceSpec, open_reader
 
 if TYPE_CHECKING:
     from pipelines.preprocess_gpu import GpuLetterbox
@@ -272,7 +271,8 @@ class Agent:
     def _status_fields(self) -> dict:
         up = sum(1 for c in self.cameras.values() if c.state == "streaming")
         total = len(self.cameras)
-        state = "offline" if self._stop.is_set() else ("online" if up == total else "degraded")
+        ended = sum(1 for c in self.cameras.values() if c.state == "ended")  # a file played once: no fault
+        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
         fields = {
             "state": state,
             "version": __version__,
@@ -315,6 +315,7 @@ class Agent:
             fps_in=round(cam.fps_in.rate(), 2),
             fps_out=round(cam.fps_out.rate(), 2),
             reconnects=cam.reader.reconnects,
+            loops=cam.reader.loops,  # a looping file's passes (a loop is not a reconnect)
             last_error=cam.reader.last_error,
             decoder=cam.reader.decoder,
             decoder_reason=cam.reader.decoder_reason,
@@ -463,9 +464,11 @@ class Agent:
                 "fps_out": round(cam.fps_out.rate(), 2),
                 "dropped": route.slot.dropped if route else 0,
                 "dropped_stale": route.stale if route else 0,  # older than models.M.max_age_ms
-                "decoder": cam.reader.decoder,  # nvdec or cpu
+                "reconnects": cam.reader.reconnects,
+                "loops": cam.reader.loops,
+                "decoder": cam.reader.decoder,  # nvdec, cpu or pipeline
                 # Packets NVDEC rejected (corrupt bitstream; decoding resumed at the next key frame).
-                "decode_errors": getattr(cam.reader, "decode_errors", 0),
+                "decode_errors": cam.reader.decode_errors,
                 # How stale the newest result is: grows when a camera or the model stalls.
                 "frame_age_ms": None
                 if cam.last_capture_ts is None

@@ -253,7 +253,7 @@ def nv12_letterbox_reference(
 
 
 def _is_nv12(image: Any) -> bool:
-    """An NV12 picture in device memory (pipelines.nvdec.DeviceNv12 and alike), by duck type."""
+    """An NV12 picture in device memory (pipelines.sources.nvdec.DeviceNv12 and alike), by duck type."""
     return hasattr(image, "uv_ptr") and hasattr(image, "event") and hasattr(image, "pitch")
 
 

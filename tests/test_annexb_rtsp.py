@@ -1,4 +1,5 @@
-"""The packet source (pipelines/demux.py) against the pure-Python RTSP server (tools/annexb_rtsp_server.py).
+"""Packets mode of the capture (pipelines/sources/capture.py) and the bitstream helpers against the
+pure-Python RTSP server (tools/annexb_rtsp_server.py).
 
 CPU only, no GStreamer: every test that needs a server starts tools/annexb_rtsp_server.py as a subprocess on
 a free port (it prints the port first) and kills it in ``finally``. The served file is the bundled clip
@@ -26,20 +27,21 @@ import numpy as np
 import pytest
 from fixtures_rtsp import CLIP
 
-from pipelines.demux import (
-    DemuxError,
-    Packet,
-    PacketSource,
+from pipelines.frames import Frame
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.sources.bitstream import (
     SpsInfo,
     colour_of,
     find_sps,
+    is_irap,
     nal_types,
     nal_units,
     parse_sps,
     unescape_rbsp,
 )
-from pipelines.frames import Frame
-from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.sources.capture import Capture, OpenError
+from pipelines.sources.spec import resolve
+from pipelines.urls import mask_url
 from tools.annexb_rtsp_server import access_units, fragment, split_nals
 from tools.h264_pcm import _EMULATION, _Bits, _nal, sps
 
@@ -50,6 +52,29 @@ PARAMETER_SETS = {7, 8}  # H.264 SPS, PPS
 
 
 # --- helpers --------------------------------------------------------------------------------------------
+class Packet:
+    """One packet as a test looks at it: the capture's unit plus its NAL unit types."""
+
+    def __init__(self, data: np.ndarray, flag_key: bool) -> None:
+        self.data, self.flag_key = data, flag_key
+        self.nal_types = tuple(nal_types(data, "h264"))
+        self.irap = is_irap(self.nal_types, "h264")
+        self.keyframe = flag_key or self.irap
+
+
+def packet_capture(url: str, open_timeout_s: float = 10.0, read_timeout_s: float = 3.0) -> Capture:
+    spec = SourceSpec("t", url=url, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s)
+    return Capture(spec, resolve(spec), packets=True, scrub=mask_url)
+
+
+def read_packets(capture: Capture, limit: int = 10_000) -> list[Packet]:
+    packets = []
+    while len(packets) < limit and (unit := capture.read()) is not None:
+        assert unit.data is not None
+        packets.append(Packet(unit.data, unit.keyframe))
+    return packets
+
+
 @pytest.fixture(scope="module")
 def annexb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("annexb") / "bikes.h264"
@@ -65,11 +90,14 @@ def annexb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def clip_packets() -> list[Packet]:
-    """The mp4's packets through the packet source: the reference access units."""
-    with PacketSource(str(CLIP)) as src:
-        src.open()
-        packets = list(src)
-    assert src.last_error and "end of file" in src.last_error
+    """The mp4's packets through the capture in packets mode: the reference access units."""
+    capture = packet_capture(str(CLIP))
+    try:
+        capture.open()
+        packets = read_packets(capture)
+    finally:
+        capture.release()
+    assert capture.ended and "end of file" in capture.error
     return packets
 
 
@@ -87,10 +115,14 @@ def clip_frame_hashes() -> list[str]:
 
 
 @contextlib.contextmanager
-def serve(path: Path, *, fps: float = 25.0, loop: bool = True) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """Run the server on a free port; yield (url, process); always kill it (resuming it first if stopped)."""
+def serve(
+    path: Path, *, fps: float = 25.0, loop: bool = True, close_after: float = 0.0
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """Run the server on a free port; yield (url, process); always kill it (resuming it first if stopped).
+    ``close_after``: the server drops each client after that many seconds (a flapping camera)."""
     cmd = [sys.executable, str(SERVER), str(path), "--port", "0", "--fps", str(fps)]
     cmd.append("--loop" if loop else "--no-loop")
+    cmd += ["--close-after", str(close_after)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -110,18 +142,16 @@ def serve(path: Path, *, fps: float = 25.0, loop: bool = True) -> Iterator[tuple
         proc.communicate(timeout=10)
 
 
-def read_all(url: str, read_timeout_s: float = 3.0, limit: int = 10_000) -> tuple[list[Packet], PacketSource]:
-    src = PacketSource(url, open_timeout_s=10, read_timeout_s=read_timeout_s)
+def read_all(url: str, read_timeout_s: float = 3.0, limit: int = 10_000) -> tuple[list[Packet], Capture]:
+    capture = packet_capture(url, read_timeout_s=read_timeout_s)
     try:
         t0 = time.monotonic()
-        src.open()
+        capture.open()
         MEASURED["rtsp_open_s"] = time.monotonic() - t0
-        packets = []
-        while len(packets) < limit and (p := src.read()) is not None:
-            packets.append(p)
+        packets = read_packets(capture, limit)
     finally:
-        src.close()
-    return packets, src
+        capture.release()
+    return packets, capture
 
 
 def without_parameter_sets(packet: Packet) -> list[bytes]:
@@ -186,15 +216,15 @@ def test_h265_access_unit_rule() -> None:
 def test_packets_over_rtsp_equal_the_files_access_units(annexb: Path, clip_packets: list[Packet]) -> None:
     with serve(annexb, fps=100, loop=False) as (url, _):
         t0 = time.monotonic()
-        packets, src = read_all(url)
+        packets, capture = read_all(url)
         took = time.monotonic() - t0
-    assert src.info is not None and src.info.codec == "h264"
-    assert (src.info.width, src.info.height) == (640, 272)
-    assert src.last_error and "stream ended" in src.last_error
-    assert not src.stalled
+    assert capture.info is not None and capture.info.codec == "h264"
+    assert (capture.info.width, capture.info.height) == (640, 272)
+    assert "stream ended" in capture.error and not capture.ended  # a live source does not "end" like a file
     assert_same_access_units(packets, clip_packets)
-    assert [p.index for p in packets if p.keyframe] == [0, 30, 76, 137, 187, 242]
-    assert src.sps is not None and (src.sps.width, src.sps.height) == (640, 272)
+    assert [i for i, p in enumerate(packets) if p.keyframe] == [0, 30, 76, 137, 187, 242]
+    sps = find_sps(packets[0].data, "h264")
+    assert sps is not None and (parse_sps(sps, "h264").width, parse_sps(sps, "h264").height) == (640, 272)
     MEASURED["rtsp_packets_per_s"] = len(packets) / took
 
 
@@ -337,24 +367,32 @@ def test_two_clients_and_a_stalled_one(annexb: Path, clip_packets: list[Packet])
 
 
 def test_sigstop_looks_like_a_frozen_camera(annexb: Path) -> None:
+    """SIGSTOP keeps the TCP connection open and sends nothing: the reader reports the stall within the read
+    timeout (whatever FFmpeg drains from its buffers after its interrupt), and comes back after SIGCONT."""
     read_timeout = 1.0
+    states: list[tuple[float, str, str | None]] = []
     with serve(annexb, fps=25, loop=True) as (url, proc):
-        src = PacketSource(url, open_timeout_s=10, read_timeout_s=read_timeout)
+        spec = SourceSpec("r", url=url, read_timeout_s=read_timeout, backoff_initial_s=0.2, backoff_max_s=0.5)
+        reader = CameraReader(spec, on_state=lambda c, s, r: states.append((time.monotonic(), s, r)))
+        reader.start()
         try:
-            src.open()
-            for _ in range(10):
-                assert src.read() is not None
+            assert reader.slot.get(timeout=20) is not None
             os.kill(proc.pid, signal.SIGSTOP)
             t0 = time.monotonic()
-            buffered = 0
-            while src.read() is not None:
-                buffered += 1
-                assert buffered < 1000
+            deadline = t0 + 10
+            while time.monotonic() < deadline and reader.state == "streaming":
+                time.sleep(0.02)
             took = time.monotonic() - t0
+            assert reader.state == "reconnecting", reader.stats()
+            assert reader.last_error is not None and "no frame for 1 s" in reader.last_error
+            os.kill(proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and reader.state != "streaming":
+                time.sleep(0.05)
+            assert reader.state == "streaming", reader.stats()
         finally:
-            src.close()
-    MEASURED["sigstop_to_failure_s"] = took
-    assert src.stalled and src.last_error and "no packet for 1 s" in src.last_error
+            reader.stop(timeout=10)
+    MEASURED["sigstop_to_reconnecting_s"] = took
     assert took < read_timeout + 3.0
 
 
@@ -362,27 +400,28 @@ def test_open_failure_is_masked_and_clean() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens once closed
-    src = PacketSource(f"rtsp://admin:s3cret@127.0.0.1:{port}/stream", open_timeout_s=2, read_timeout_s=1)
-    with pytest.raises(DemuxError) as err:
-        src.open()
+    capture = packet_capture(f"rtsp://admin:s3cret@127.0.0.1:{port}/stream", open_timeout_s=2)
+    with pytest.raises(OpenError) as err:
+        capture.open()
     assert "s3cret" not in str(err.value) and "admin:***@" in str(err.value)
-    assert "s3cret" not in repr(src)
-    with pytest.raises(DemuxError, match="no such file"):
-        PacketSource("/nonexistent/clip.mp4").open()
-    with pytest.raises(DemuxError, match="FFmpeg"):
-        PacketSource("/dev/video0")
+    with pytest.raises(OpenError, match="no such file"):
+        packet_capture("/nonexistent/clip.mp4").open()
+    with pytest.raises(ValueError, match="FFmpeg"):
+        packet_capture("/dev/video0")
 
 
-def test_file_packets_and_rewind(clip_packets: list[Packet]) -> None:
+def test_file_packets_and_rewind(clip_packets: list[Packet], annexb: Path) -> None:
     assert len(clip_packets) == 250
     first = clip_packets[0]
     assert first.data.ndim == 1 and first.data.dtype == np.uint8
     assert first.nal_types == (6, 7, 8, 5) and first.flag_key and first.irap and first.keyframe
-    assert first.time_s == 0.0 and first.pts == 0
     assert clip_packets[1].nal_types == (1,) and not clip_packets[1].keyframe
-    assert [p.index for p in clip_packets if p.flag_key] == [p.index for p in clip_packets if p.irap]
-    with PacketSource(str(CLIP)) as src:
-        info = src.open()
+    assert [i for i, p in enumerate(clip_packets) if p.flag_key] == [
+        i for i, p in enumerate(clip_packets) if p.irap
+    ]
+    capture = packet_capture(str(CLIP))
+    try:
+        info = capture.open()
         assert (info.codec, info.width, info.height, info.fps, info.pixel_format) == (
             "h264",
             640,
@@ -391,10 +430,23 @@ def test_file_packets_and_rewind(clip_packets: list[Packet]) -> None:
             "I420",
         )
         for _ in range(5):
-            src.read()
-        assert src.rewind()
-        again = src.read()
-        assert again is not None and again.data.tobytes() == first.data.tobytes()
+            capture.read()
+        assert capture.rewind()
+        again = capture.read()
+        assert again is not None and again.data is not None and again.data.tobytes() == first.data.tobytes()
+    finally:
+        capture.release()
+    # A raw Annex-B file: FFmpeg's seek says yes and then nothing can be read; the capture reopens instead.
+    raw = packet_capture(str(annexb))
+    try:
+        raw.open()
+        assert len(read_packets(raw)) == 250 and raw.ended
+        for _ in range(3):  # the first rewind finds out (reopen), later ones reopen at once
+            assert raw.rewind()
+            assert len(read_packets(raw)) == 250
+        assert raw._seek_works is False
+    finally:
+        raw.release()
 
 
 # --- bitstream helpers and the SPS parser -----------------------------------------------------------------

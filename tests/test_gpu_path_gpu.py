@@ -117,8 +117,8 @@ def test_nvdec_gpu_preprocess_engine_agree_with_the_cpu_path(
     from fake_torch_trt import fake_trt_backend
 
     from pipelines.models.nanodet import NanoDetAdapter
-    from pipelines.nvdec import NvdecDecoder
     from pipelines.preprocess_gpu import GpuLetterbox
+    from pipelines.sources.nvdec import NvdecDecoder
 
     adapter = NanoDetAdapter((416, 416), 80)
     engine = torch_engine
@@ -188,10 +188,10 @@ def test_sixteen_rtsp_streams_nvdec_to_detections(torch_engine, cpu_reference, t
     from test_annexb_rtsp import serve
 
     from pipelines.models.nanodet import NanoDetAdapter
-    from pipelines.nvdec import DeviceNv12, NvdecReader
     from pipelines.preprocess_gpu import GpuLetterbox
     from pipelines.scheduler import CameraRoute, ModelWorker
-    from pipelines.sources import SourceSpec
+    from pipelines.sources import CameraReader, SourceSpec
+    from pipelines.sources.nvdec import DeviceNv12, NvdecStage
 
     path = tmp_path / "clip.h264"
     cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
@@ -220,7 +220,8 @@ def test_sixteen_rtsp_streams_nvdec_to_detections(torch_engine, cpu_reference, t
         for i in range(16):
             route = CameraRoute(f"cam{i:02d}", worker.new_slot(), None, SCORE)
             worker.add_camera(route)
-            readers.append(NvdecReader(SourceSpec(camera=route.name, url=url), route.slot, mode="nvdec"))
+            spec = SourceSpec(camera=route.name, url=url)
+            readers.append(CameraReader(spec, route.slot, stage=NvdecStage(), mode="nvdec"))
         worker.start()
         for r in readers:
             r.start()

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipelines.sources import FrameSlot, SourceSpec
+from pipelines.sources import CameraReader, FrameSlot, SourceSpec
 from tools.h264_pcm import encode_pcm, expected_planes
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,7 @@ CLIP = Path(__file__).resolve().parents[1] / "agent" / "assets" / "bikes.mp4"
 
 @pytest.fixture(scope="module")
 def nvc():  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import import_nvc, nvdec_unavailable
+    from pipelines.sources.nvdec import import_nvc, nvdec_unavailable
 
     why = nvdec_unavailable()
     if why:
@@ -58,7 +58,7 @@ def _luma(picture) -> np.ndarray:  # type: ignore[no-untyped-def]
 
 
 def _decode_file(path: Path) -> tuple[list[np.ndarray], object]:
-    from pipelines.nvdec import NvdecDecoder
+    from pipelines.sources.nvdec import NvdecDecoder
 
     cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
     dec = NvdecDecoder("h264")
@@ -118,7 +118,7 @@ def test_bundled_clip_luma_equals_the_cpu_decoder(nvc) -> None:  # type: ignore[
 
 
 def test_corrupt_packets_are_counted_and_decoding_resumes(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import NvdecDecoder
+    from pipelines.sources.nvdec import NvdecDecoder
 
     frames = _clip(40)
     path = tmp_path / "pcm.h264"
@@ -150,46 +150,118 @@ def _device_free() -> int:
     return int(free)
 
 
-def test_reader_delivers_device_frames_and_reconnects_without_leaks(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import DeviceNv12, NvdecReader
+def test_reader_delivers_device_frames_and_reconnects_reuse_the_session_exactly(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A server that closes every second: every reconnect keeps the one NVDEC session (low latency) and
+    restarts at a key frame; every picture after any number of reconnects is exactly a written one."""
+    from test_annexb_rtsp import serve
+
+    from pipelines.sources.nvdec import DeviceNv12, NvdecStage
+
+    frames = _clip(5, (1920, 1080))
+    path = tmp_path / "short.h264"
+    path.write_bytes(encode_pcm(frames))  # lossless, every frame an IDR
+    expected = [expected_planes(f)[0] for f in frames]
+    stage = NvdecStage()
+    slot = FrameSlot()
+    lumas: list[np.ndarray] = []
+    with serve(path, fps=25, close_after=1.0) as (url, _proc):
+        spec = SourceSpec(camera="c", url=url, backoff_initial_s=0.01, backoff_max_s=0.02)
+        reader = CameraReader(spec, slot, stage=stage, mode="nvdec")
+        reader.start()
+        try:
+            deadline = time.monotonic() + 60
+            while (reader.reconnects < 6 or len(lumas) < 40) and time.monotonic() < deadline:
+                frame = slot.get(timeout=0.5)
+                if frame is not None:
+                    assert isinstance(frame.image, DeviceNv12) and frame.image.shape == (1080, 1920, 3)
+                    lumas.append(_luma(frame.image).copy())
+            assert reader.reconnects >= 6, reader.stats()
+        finally:
+            assert reader.stop(timeout=10)
+    assert stage.totals().sessions == 1 and reader.sessions_open == 0
+    assert all(any(np.array_equal(luma, e) for e in expected) for luma in lumas)
+    print(f"{reader.reconnects} reconnects, 1 session, {len(lumas)} pictures exact")
+
+
+def test_native_latency_reconnects_leave_no_session_or_memory_behind(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """At native latency each connection gets its own session (pictures held back belong to it): 30
+    sessions come and go on their closer threads; device memory stays flat, none is left open."""
+    from test_annexb_rtsp import serve
+
+    from pipelines.sources.nvdec import NvdecStage
 
     path = tmp_path / "short.h264"
     path.write_bytes(encode_pcm(_clip(5, (1920, 1080))))
-    spec = SourceSpec(camera="c", url=str(path), realtime=False, backoff_initial_s=0.01, backoff_max_s=0.02)
+    stage = NvdecStage(latency="native")
     slot = FrameSlot()
-    reader = NvdecReader(spec, slot, mode="nvdec")
-    frame = None
+    baseline = None
+    with serve(path, fps=25, close_after=0.3) as (url, _proc):
+        spec = SourceSpec(camera="n", url=url, backoff_initial_s=0.01, backoff_max_s=0.02)
+        reader = CameraReader(spec, slot, stage=stage, mode="nvdec")
+        reader.start()
+        try:
+            deadline = time.monotonic() + 120
+            while reader.reconnects < 40 and time.monotonic() < deadline:
+                slot.get(timeout=0.05)
+                if reader.reconnects >= 10 and baseline is None:
+                    gc.collect()
+                    baseline = _device_free()
+            assert reader.reconnects >= 40, reader.stats()
+        finally:
+            assert reader.stop(timeout=10)
+    gc.collect()
+    assert reader.sessions_open == 0 and stage.totals().sessions >= 30
+    assert baseline is not None and abs(_device_free() - baseline) < 64 << 20
+
+
+@pytest.mark.parametrize("kind", ["mp4", "annexb"])
+def test_nvdec_file_camera_loops_in_one_session(nvc, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 23: an NVDEC file camera stopped after its first pass and stayed "streaming". It loops now:
+    one session, no reconnect, `loops` counted, and the pictures of later passes are the clip's own."""
+    from pipelines.sources.nvdec import DeviceNv12, NvdecStage
+
+    path = CLIP
+    if kind == "annexb":
+        path = tmp_path / "clip.h264"
+        cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+        with path.open("wb") as f:
+            while (got := cap.read())[0]:
+                f.write(got[1].tobytes())
+        cap.release()
+    reference = _clip(250)
+
+    class Keep(FrameSlot):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list = []
+
+        def put(self, frame) -> None:  # type: ignore[no-untyped-def, override]
+            if frame.frame_id % 97 == 0:
+                self.kept.append(frame)
+            super().put(frame)
+
+    slot = Keep()
+    stage = NvdecStage()
+    reader = CameraReader(
+        SourceSpec("f", url=str(path), realtime=False, loop=True), slot, stage=stage, mode="nvdec"
+    )
     reader.start()
     try:
-        frame = slot.get(timeout=20)
-        assert frame is not None and isinstance(frame.image, DeviceNv12)
-        assert frame.image.shape == (1080, 1920, 3)
-        bgr = frame.image.download()
-        ref = cv2.cvtColor(
-            cv2.cvtColor(_clip(1, (1920, 1080))[0], cv2.COLOR_BGR2YUV_I420), cv2.COLOR_YUV2BGR_I420
-        )
-        assert np.abs(bgr.astype(int) - ref.astype(int)).mean() < 2.0  # same picture (chroma rounding aside)
-        assert reader.decoder == "nvdec"
-        baseline = None
-        deadline = time.monotonic() + 120
-        while reader.reconnects < 60 and time.monotonic() < deadline:  # end of file -> reopen: a reconnect
-            slot.get(timeout=0.05)
-            if reader.reconnects >= 10 and baseline is None:
-                gc.collect()
-                baseline = _device_free()
-        assert reader.reconnects >= 60, reader.stats()
+        deadline = time.monotonic() + 60
+        while reader.loops < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
-        reader.stop()
-    del frame
-    gc.collect()
-    assert reader.sessions_open == 0
-    assert baseline is not None
-    # 50 more sessions came and went: device memory within 64 MB of where it was after 10.
-    assert abs(_device_free() - baseline) < 64 << 20
+        assert reader.stop(timeout=10)
+    assert reader.loops >= 3 and reader.reconnects == 0 and reader.last_error is None, reader.stats()
+    assert stage.totals().sessions == 1 and reader.frames_in >= 750
+    for frame in slot.kept:
+        assert isinstance(frame.image, DeviceNv12)
+        got, want = frame.image.download().astype(int), reference[frame.frame_id % 250].astype(int)
+        assert np.abs(got - want).mean() < 2.0, frame.frame_id  # same picture (NV12 round trip aside)
 
 
 def test_unsupported_codec_auto_falls_back_and_nvdec_fails_naming_it(nvc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import NvdecReader
+    from pipelines.sources.nvdec import NvdecStage
 
     path = tmp_path / "mjpeg.avi"
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 25, (320, 240))
@@ -197,7 +269,7 @@ def test_unsupported_codec_auto_falls_back_and_nvdec_fails_naming_it(nvc, tmp_pa
         writer.write(frame)
     writer.release()
     spec = SourceSpec(camera="m", url=str(path), realtime=False, loop=True)
-    auto = NvdecReader(spec, FrameSlot(), mode="auto")
+    auto = CameraReader(spec, FrameSlot(), stage=NvdecStage(), mode="auto")
     auto.start()
     try:
         frame = auto.slot.get(timeout=20)
@@ -206,7 +278,9 @@ def test_unsupported_codec_auto_falls_back_and_nvdec_fails_naming_it(nvc, tmp_pa
     finally:
         auto.stop()
     states: list[tuple[str, str | None]] = []
-    strict = NvdecReader(spec, FrameSlot(), lambda c, s, r: states.append((s, r)), mode="nvdec")
+    strict = CameraReader(
+        spec, FrameSlot(), lambda c, s, r: states.append((s, r)), stage=NvdecStage(), mode="nvdec"
+    )
     strict.start()
     strict.join(20)
     assert states[-1][0] == "failed"
@@ -223,7 +297,7 @@ def _clip_env(name: str) -> Path:
 
 
 def test_h265_luma_equals_the_cpu_decoder(nvc) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import NvdecDecoder
+    from pipelines.sources.nvdec import NvdecDecoder
 
     path = _clip_env("EDGE_AGENT_HEVC_CLIP")
     cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
@@ -254,7 +328,7 @@ def test_frozen_camera_is_reported_within_the_read_timeout_and_reconnects(nvc, t
 
     from test_annexb_rtsp import serve
 
-    from pipelines.nvdec import DeviceNv12, NvdecReader
+    from pipelines.sources.nvdec import DeviceNv12, NvdecStage
 
     path = tmp_path / "clip.h264"
     cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
@@ -268,8 +342,12 @@ def test_frozen_camera_is_reported_within_the_read_timeout_and_reconnects(nvc, t
     states: list[tuple[float, str]] = []
     with serve(path, fps=25) as (url, proc):
         spec = SourceSpec(camera="r", url=url, read_timeout_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5)
-        reader = NvdecReader(
-            spec, FrameSlot(), lambda c, s, r: states.append((time.monotonic(), s)), mode="nvdec"
+        reader = CameraReader(
+            spec,
+            FrameSlot(),
+            lambda c, s, r: states.append((time.monotonic(), s)),
+            stage=NvdecStage(),
+            mode="nvdec",
         )
         reader.start()
         try:
@@ -297,7 +375,7 @@ def test_frozen_camera_is_reported_within_the_read_timeout_and_reconnects(nvc, t
 
 
 def test_caps_refuse_what_nvdec_cannot_decode_naming_it(nvc) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.nvdec import stream_unsupported
+    from pipelines.sources.nvdec import stream_unsupported
 
     assert stream_unsupported(nvc, "h264", 1920, 1080, "420", 8) is None
     assert stream_unsupported(nvc, "hevc", 3840, 2160, "420", 10) is None
@@ -315,14 +393,16 @@ def test_decoder_creation_out_of_device_memory_fails_that_camera_only(nvc, tmp_p
     `failed` naming the NVDEC session it could not create, A keeps delivering device frames. (Before the
     free-memory check, PyNvVideoCodec's caps query crashed the whole process here.)"""
     torch = pytest.importorskip("torch")
-    from pipelines.nvdec import DeviceNv12, NvdecReader
+    from pipelines.sources.nvdec import DeviceNv12, NvdecStage
 
-    # The bundled clip, paced: 10 s before it loops (a loop opens a new session, as a reconnect does).
+    # The bundled clip, paced (10 s a pass; a loop keeps the session).
     spec_a = SourceSpec(camera="a", url=str(CLIP), realtime=True, loop=True)
     spec_b = SourceSpec(camera="b", url=str(CLIP), realtime=True, loop=True)
-    a = NvdecReader(spec_a, FrameSlot(), mode="nvdec")
+    a = CameraReader(spec_a, FrameSlot(), stage=NvdecStage(), mode="nvdec")
     states: list[tuple[str, str | None]] = []
-    b = NvdecReader(spec_b, FrameSlot(), lambda c, s, r: states.append((s, r)), mode="nvdec")
+    b = CameraReader(
+        spec_b, FrameSlot(), lambda c, s, r: states.append((s, r)), stage=NvdecStage(), mode="nvdec"
+    )
     hog: list[object] = []
     a.start()
     try:
@@ -351,7 +431,7 @@ def test_decoder_creation_out_of_device_memory_fails_that_camera_only(nvc, tmp_p
 def test_reader_latency_modes_deliver_every_picture_in_order(nvc, tmp_path: Path, latency: str) -> None:  # type: ignore[no-untyped-def]
     """Native latency (the decoder holds pictures back) still delivers every picture, in order, each stamped
     no later than the moment it reached the slot."""
-    from pipelines.nvdec import NvdecReader
+    from pipelines.sources.nvdec import NvdecStage
 
     frames = _clip(12, (640, 272))
     path = tmp_path / "c.h264"
@@ -368,13 +448,16 @@ def test_reader_latency_modes_deliver_every_picture_in_order(nvc, tmp_path: Path
             super().put(frame)
 
     slot = Collect()
-    reader = NvdecReader(
-        SourceSpec(camera="l", url=str(path), realtime=False), slot, mode="nvdec", latency=latency
+    reader = CameraReader(
+        SourceSpec(camera="l", url=str(path), realtime=False),
+        slot,
+        stage=NvdecStage(latency=latency),
+        mode="nvdec",
     )
     reader.start()
     try:
         deadline = time.monotonic() + 30
-        while len(slot.all) < 12 and time.monotonic() < deadline:  # the file's pictures, then a reopen
+        while len(slot.all) < 12 and time.monotonic() < deadline:  # the file's pictures, then "ended"
             time.sleep(0.05)
     finally:
         reader.stop()

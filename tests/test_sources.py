@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from fixtures_rtsp import CLIP, RtspServer, free_port
 
 from pipelines.frames import Frame
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.sources.stages import PictureStage
 from pipelines.urls import mask_url
 
 # Printed with -s, for the record; tests assert loose bounds only.
@@ -168,22 +170,61 @@ def test_file_source_frames(readers: Callable[..., CameraReader]) -> None:
     assert not np.shares_memory(frames[0].image, frames[-1].image)
 
 
-def test_looping_file_keeps_going(readers: Callable[..., CameraReader]) -> None:
+@pytest.mark.parametrize("kind", ["mp4", "annexb"])
+def test_looping_file_keeps_going(
+    readers: Callable[..., CameraReader], kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A looping file is a healthy camera: no reconnect, no warning, one state change, `loops` counted. A
+    raw H.264 file cannot seek (FFmpeg says yes, then reads nothing): it loops all the same."""
+    caplog.set_level(logging.INFO, logger="pipelines.sources")
+    url = f"file://{CLIP}" if kind == "mp4" else str(annexb_copy(tmp_path))
     states = StateLog()
-    reader = readers(SourceSpec("loop", url=f"file://{CLIP}", realtime=False, loop=True), states)
+    reader = readers(SourceSpec("loop", url=url, realtime=False, loop=True), states)
     assert wait_for(lambda: reader.frames_in > 600, timeout=20), reader.stats()
-    assert reader.reconnects == 0
+    assert reader.reconnects == 0 and reader.loops >= 2 and reader.last_error is None
     assert states.states("loop") == ["starting", "streaming"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_file_without_loop_reopens_at_end(readers: Callable[..., CameraReader]) -> None:
+def test_file_without_loop_ends(readers: Callable[..., CameraReader]) -> None:
     states = StateLog()
-    spec = SourceSpec("once", url=str(CLIP), realtime=False, backoff_initial_s=0.05, backoff_max_s=0.1)
-    reader = readers(spec, states)
-    assert wait_for(lambda: reader.frames_in > 260, timeout=20), reader.stats()
-    assert "reconnecting" in states.states("once")
-    assert reader.last_error is not None and "end of file" in reader.last_error
-    assert reader.reconnects >= 1
+    reader = readers(SourceSpec("once", url=str(CLIP), realtime=False), states)
+    assert wait_for(lambda: not reader.is_alive(), timeout=20), reader.stats()
+    assert states.states("once") == ["starting", "streaming", "ended"]
+    assert reader.state == "ended" and reader.reason is not None and "end of file" in reader.reason
+    assert reader.frames_in == 250 and reader.reconnects == 0 and reader.last_error is None
+
+
+def annexb_copy(tmp_path: Path) -> Path:
+    """The bundled clip as a raw Annex-B H.264 file (what tools/make_clip.py writes for benchmarks)."""
+    import cv2
+
+    path = tmp_path / "clip.h264"
+    cap = cv2.VideoCapture(str(CLIP), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    with path.open("wb") as f:
+        while (got := cap.read())[0]:
+            f.write(got[1].tobytes())
+    cap.release()
+    return path
+
+
+def test_schedule_keeps_the_rate_whatever_the_work_takes() -> None:
+    """Frame n is due at start + n x period: work before each frame does not push later frames back (the
+    drift of issue 23: a sleep of one period after the work gives period + work per frame)."""
+    from pipelines.sources.pacing import RESYNC_S, Schedule
+
+    period, work = 0.04, 0.013
+    sched = Schedule(period, now=100.0)
+    now, reads = 100.0, []
+    for _ in range(1000):
+        now += sched.wait_s(now)  # sleep until due
+        reads.append(now)
+        now += work  # read + decode + hand over
+    assert reads[-1] == pytest.approx(100.0 + 999 * period)  # 25.0 fps over 40 s, exactly
+    late = Schedule(period, now=0.0)
+    assert [late.wait_s(t) for t in (0.0, 0.05, 0.06)] == [0.0, 0.0, pytest.approx(0.02)]  # catches up
+    assert late.wait_s(0.08 + RESYNC_S + 0.5) == 0.0 and late.resyncs == 1  # a long freeze: new schedule
+    assert late.wait_s(0.08 + RESYNC_S + 0.5) == pytest.approx(period)
 
 
 def test_realtime_file_is_paced_and_fps_limited(readers: Callable[..., CameraReader]) -> None:
@@ -291,6 +332,97 @@ def test_rtsp_server_frozen(rtsp_server: RtspServer, readers: Callable[..., Came
     rtsp_server.resume()
     again = readers(rtsp_spec("again", rtsp_server.url()), states)
     assert wait_for(lambda: again.frames_in >= 3, timeout=10), again.stats()
+
+
+# --- stalls, isolation -----------------------------------------------------------------------------------
+class fake_hanging_stage(PictureStage):
+    """OpenCV decodes; once `hang` is set, decode() does not return until `release`: a call that never
+    returns (a V4L2 or GStreamer read has no timeout in OpenCV; a decoder can hang)."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.hang, self.release = threading.Event(), threading.Event()
+
+    def decode(self, unit):  # type: ignore[no-untyped-def]
+        if self.hang.is_set():
+            self.release.wait(30)
+        return super().decode(unit)
+
+
+def test_a_camera_stuck_in_a_call_is_reported_by_the_stall_watch(
+    readers: Callable[..., CameraReader],
+) -> None:
+    states = StateLog()
+    stage = fake_hanging_stage()
+    spec = SourceSpec("stuck", url=str(CLIP), loop=True, read_timeout_s=0.5, backoff_initial_s=0.05)
+    stuck = CameraReader(spec, on_state=states, stage=stage)
+    other = readers(SourceSpec("other", url=str(CLIP), loop=True), states)
+    stuck.start()
+    try:
+        assert wait_for(lambda: stuck.frames_in >= 5 and other.frames_in >= 5, timeout=15), stuck.stats()
+        stage.hang.set()
+        hung_at = time.monotonic()
+        assert wait_for(lambda: stuck.state == "reconnecting", timeout=5), stuck.stats()
+        MEASURED["stall_watch_s"] = time.monotonic() - hung_at
+        assert stuck.last_error is not None and "no frame for 0.5 s" in stuck.last_error
+        o1 = other.frames_in
+        time.sleep(0.6)
+        assert other.frames_in - o1 >= 5, other.stats()  # its neighbour goes on at 25 fps
+        stage.hang.clear()
+        stage.release.set()  # the call returns: the connection is dropped, the camera reconnects
+        back = wait_for(lambda: stuck.state == "streaming" and stuck.reconnects >= 1, timeout=10)
+        assert back, stuck.stats()
+    finally:
+        stage.release.set()
+        stuck.stop()
+    assert states.states("stuck")[:4] == ["starting", "streaming", "reconnecting", "streaming"]
+    assert states.states("other") == ["starting", "streaming"]
+
+
+def test_a_hung_open_does_not_hold_up_other_cameras(tmp_path: Path) -> None:
+    """OpenCV serialised every FFmpeg open behind one process-wide lock (8 RTSP cameras became ready
+    0.65 s apart). A camera that accepts the connection and never answers now keeps only itself waiting."""
+    from test_annexb_rtsp import serve
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        hung = CameraReader(rtsp_spec("hung", f"rtsp://127.0.0.1:{port}/x", open_timeout_s=8.0))
+        hung.start()
+        hung_at = time.monotonic()
+        try:
+            time.sleep(0.3)  # its open is under way
+            with serve(annexb_copy(tmp_path), fps=25) as (url, _proc):
+                ok = CameraReader(rtsp_spec("ok", url))
+                ok.start()
+                t0 = time.monotonic()
+                try:
+                    assert wait_for(lambda: ok.state == "streaming", timeout=10), ok.stats()
+                    MEASURED["open_beside_hung_open_s"] = time.monotonic() - t0
+                    # Before the hung open could have timed out (behind OpenCV's lock: after it).
+                    assert time.monotonic() - hung_at < 8.0 - 1.0
+                    assert hung.state == "starting", hung.stats()  # still inside its own open
+                finally:
+                    ok.stop()
+        finally:
+            hung.stop()
+
+
+def test_a_server_that_closes_every_2_s(tmp_path: Path, readers: Callable[..., CameraReader]) -> None:
+    """The camera reconnects each time and streams again; a camera beside it never notices."""
+    from test_annexb_rtsp import serve
+
+    states = StateLog()
+    steady = readers(SourceSpec("steady", url=str(CLIP), loop=True), states)
+    with serve(annexb_copy(tmp_path), fps=25, close_after=2.0) as (url, _proc):
+        flap = readers(rtsp_spec("flap", url), states)
+        assert wait_for(lambda: flap.reconnects >= 3 and flap.state == "streaming", timeout=30), flap.stats()
+    assert states.states("flap")[:4] == ["starting", "streaming", "reconnecting", "streaming"]
+    assert flap.last_error is not None and "stream ended" in flap.last_error
+    assert states.states("steady") == ["starting", "streaming"] and steady.reconnects == 0
+    got = steady.slot.get(timeout=2)
+    assert got is not None and got.frame_id > 100  # 25 fps all along
 
 
 # --- failures and secrets ------------------------------------------------------------------------------

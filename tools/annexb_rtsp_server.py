@@ -9,6 +9,7 @@ stalls or vanishes never holds up the others. A SIGSTOPped server looks like a f
     python tools/annexb_rtsp_server.py clip.h264 --port 0 --fps 25     # first stdout line: the port
     ffplay -rtsp_transport tcp rtsp://127.0.0.1:PORT/stream
     python tools/annexb_rtsp_server.py --from-mp4 agent/assets/bikes.mp4 --write-annexb clip.h264
+    python tools/annexb_rtsp_server.py clip.h264 --port 0 --close-after 2   # a camera that drops every 2 s
 
 RTSP: OPTIONS, DESCRIBE (SDP with sprop-parameter-sets / sprop-vps,sps,pps from the file), SETUP
 (``RTP/AVP/TCP;interleaved=a-b`` only; UDP gets 461 Unsupported Transport, which makes FFmpeg with
@@ -330,8 +331,10 @@ class Session:
                 self.sender.join(SEND_TIMEOUT_S + 1)
 
     def play(self) -> None:
-        """Send access units from the first one, paced at fps; loop or, at the end, close the connection."""
+        """Send access units from the first one, paced at fps; loop or, at the end, close the connection
+        (also after --close-after seconds of playing: a camera that keeps dropping its clients)."""
         period = 1.0 / self.server.fps
+        close_at = time.monotonic() + self.server.close_after if self.server.close_after else None
         # Interleave header '$', channel, length; then RTP: V/P/X/CC, M/PT, seq, timestamp, SSRC.
         header = struct.Struct("!cBHBBHII")
         sent = 0
@@ -366,7 +369,9 @@ class Session:
                         self.seq = (self.seq + 1) & 0xFFFF
                     self.send(b"".join(frames))
                     sent += 1
-                if not self.server.loop:
+                    if close_at is not None and time.monotonic() >= close_at:
+                        break
+                if not self.server.loop or (close_at is not None and time.monotonic() >= close_at):
                     break
         except ClientGone:
             return
@@ -389,8 +394,10 @@ class RtspServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], stream: Stream, fps: float, loop: bool) -> None:
-        self.stream, self.fps, self.loop = stream, fps, loop
+    def __init__(
+        self, address: tuple[str, int], stream: Stream, fps: float, loop: bool, close_after: float = 0.0
+    ) -> None:
+        self.stream, self.fps, self.loop, self.close_after = stream, fps, loop, close_after
         super().__init__(address, _Handler)
 
 
@@ -437,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fps", type=float, default=25.0)
     ap.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--codec", choices=["h264", "h265"], help="default: guessed from the stream")
+    ap.add_argument(
+        "--close-after", type=float, default=0.0, help="close each client after this many seconds (0: never)"
+    )
     ap.add_argument("--max-payload", type=int, default=1400, help="RTP payload bytes before FU fragmentation")
     ap.add_argument("--from-mp4", type=Path, help="convert this mp4 (with --write-annexb) and exit")
     ap.add_argument("--write-annexb", type=Path)
@@ -460,13 +470,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    server = RtspServer((args.host, args.port), stream, args.fps, args.loop)
+    server = RtspServer((args.host, args.port), stream, args.fps, args.loop, args.close_after)
     port = server.server_address[1]
     print(port, flush=True)  # first line: the port, for scripts and tests
     print(
         f"serving {args.file} ({stream.codec}, {len(stream.payloads)} access units, "
         f"{stream.nal_count} NAL units) at rtsp://{args.host}:{port}/stream, {args.fps:g} fps, "
-        f"{'looping' if args.loop else 'once'}",
+        f"{'looping' if args.loop else 'once'}"
+        + (f", closing each client after {args.close_after:g} s" if args.close_after else ""),
         flush=True,
     )
     try:

@@ -5,7 +5,7 @@
 Each stream is a thread decoding the clip in a loop as fast as it can, for `--seconds`:
 - `pynvvideocodec`: NVIDIA's demuxer (CreateDemuxer over the file) + decoder, the pictures left where the
   decoder put them: the ceiling.
-- `agent`: what a camera with `decoder: nvdec` does: OpenCV's FFmpeg packet demux + pipelines.nvdec's
+- `agent`: what a camera with `decoder: nvdec` does: OpenCV's FFmpeg packet demux + pipelines.sources.nvdec's
   NvdecDecoder (its own stream, each picture copied into frame-owned memory, an event recorded).
 - `cpu` (with --cpu): OpenCV's FFmpeg decode to BGR, as CPU cameras do.
 Reported per variant and stream count: pictures/s over all streams and process CPU ms per picture.
@@ -45,11 +45,12 @@ def _pnv_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> 
 
 
 def _agent_stream(clip: str, stop: threading.Event, counts: list[int], i: int) -> None:
-    from pipelines.nvdec import NvdecDecoder, _fourcc
+    from pipelines.sources.bitstream import fourcc_text
+    from pipelines.sources.nvdec import NvdecDecoder
 
     while not stop.is_set():
         cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
-        dec = NvdecDecoder(_fourcc(cap.get(cv2.CAP_PROP_FOURCC)), latency=LATENCY[0] or "LOW")
+        dec = NvdecDecoder(fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)), latency=LATENCY[0] or "LOW")
         try:
             while not stop.is_set():
                 ok, packet = cap.read()
@@ -85,11 +86,13 @@ def _nocopy_stream(clip: str, stop: threading.Event, counts: list[int], i: int) 
     import numpy as np
     import PyNvVideoCodec as nvc
 
-    from pipelines.nvdec import _CODECS, _fourcc
+    from pipelines.sources.bitstream import codec_name, fourcc_text
+    from pipelines.sources.nvdec import NVDEC_CODECS
 
     while not stop.is_set():
         cap = cv2.VideoCapture(clip, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
-        codec = getattr(nvc.cudaVideoCodec, _CODECS[_fourcc(cap.get(cv2.CAP_PROP_FOURCC)).lower()])
+        name = NVDEC_CODECS[codec_name(fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)))]
+        codec = getattr(nvc.cudaVideoCodec, name)
         latency = getattr(nvc.DisplayDecodeLatencyType, LATENCY[0] or "LOW")
         dec = nvc.CreateDecoder(gpuid=0, codec=codec, usedevicememory=True, latency=latency)
         while not stop.is_set():

@@ -1,24 +1,29 @@
-"""Hardware decode: OpenCV demuxes encoded packets, NVDEC (PyNvVideoCodec) decodes them into device memory.
+"""The NVDEC decode stage: FFmpeg demuxes encoded packets (OpenCV packet mode), NVDEC (PyNvVideoCodec)
+decodes them into device memory the frame owns.
 
-    reason = nvdec_unavailable()                       # None: this host can use NVDEC at all
-    reader = NvdecReader(spec, slot, on_state=..., mode="auto")   # same contract as CameraReader
+    reason = nvdec_unavailable()            # None: this host can use NVDEC at all
+    stage = NvdecStage(device=0, latency="low")   # given to a CameraReader (pipelines/sources/reader.py)
 
 Why OpenCV demuxes: PyNvVideoCodec's own RTSP demuxer has no timeouts and no transport option (it hung for
-9 minutes on a camera it could not read), while OpenCV's FFmpeg backend in packet mode (`CAP_PROP_FORMAT
--1`) returns Annex-B packets with SPS/PPS before each IDR and keeps the reader's open/read timeouts. So the
-NVDEC reader is the CPU reader with packets instead of pictures: same states, backoff, `last_error`,
-latest-frame-wins slot, stall detection.
+9 minutes on a camera it could not read), while OpenCV's FFmpeg backend in packet mode returns Annex-B
+packets with SPS/PPS before each IDR and keeps the reader's open/read timeouts. So an NVDEC camera is the
+same reader as every other camera (states, backoff, `last_error`, stall watch, file loops) with this stage.
 
 Each decoded picture is copied (device to device, on the decoder's own stream) into memory the frame owns:
 NVDEC recycles its output surfaces after a few more packets, and a frame may wait in the slot or in the
 scheduler longer than that. The copy is NV12 (luma, then interleaved chroma at `uv_offset`), about 3 MB at
 1080p and a few microseconds. The frame carries an event recorded after the copy; consumers make their
-stream wait on it (no host synchronisation). The memory comes from the stream-ordered allocator and goes
-back to its pool when the frame is garbage; the stream outlives every frame that references it.
+stream wait on it (no host synchronisation). The memory comes from a small per-session pool and goes back
+to it when the frame is garbage; the stream outlives every frame that references it.
 
-`auto` falls back to the CPU reader when NVDEC cannot take the stream (no GPU, no driver libnvcuvid, no
-PyNvVideoCodec, a codec/size/chroma format the decoder caps refuse); the reason is logged once and shown in
-the camera's `decoder_reason`. `nvdec` named explicitly turns the same reasons into `failed`.
+Sessions outlive connections: a camera that reconnects to the same stream (codec and size) keeps its
+session (at low latency nothing is held inside it) and restarts decoding at the next key frame, so a
+flapping camera does not create and destroy an NVDEC session, query the caps and check device memory every
+few seconds. A session ends when the stream changes, the reader ends, or at native latency (pictures held
+back belong to the old connection); its teardown runs off the frame path (the reader's closer thread).
+
+`auto` falls back to CPU decoding when NVDEC cannot take the stream (no GPU, no driver libnvcuvid, no
+PyNvVideoCodec, a codec/size/chroma format the decoder caps refuse): :class:`StageUnusable` with the reason.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import importlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -39,14 +43,15 @@ import numpy as np
 
 from engines.cuda_buffers import CudaError, Event, Stream, cuda_call, import_cudart
 from engines.errors import UnavailableError
-from pipelines.demux import colour_of
-from pipelines.sources import CameraReader, FrameSlot, SourceSpec, StateCallback
+from pipelines.sources.bitstream import codec_name, colour_of, find_sps
+from pipelines.sources.capture import Capture, Unit
+from pipelines.sources.stages import Closer, DecodeStats, Picture, SessionError, StageUnusable
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'edge-agent[nvdec]'"
-# FFmpeg codec tags (CAP_PROP_FOURCC) -> PyNvVideoCodec codec names.
-_CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC"}
+# codec_name() -> PyNvVideoCodec's codec names.
+NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
 # FFmpeg pixel formats as OpenCV reports them (CAP_PROP_CODEC_PIXEL_FORMAT fourcc) -> (chroma, bit depth).
 _PIXEL_FORMATS = {
     "I420": ("420", 8),
@@ -60,15 +65,6 @@ _PIXEL_FORMATS = {
 }
 
 
-def _fourcc(value: float) -> str:
-    code = int(value) & 0xFFFFFFFF
-    return code.to_bytes(4, "little").decode("latin-1").strip("\x00 ")
-
-
-class NvdecUnavailable(Exception):
-    """NVDEC cannot decode this camera here; the message says what is missing (shown in camera state)."""
-
-
 # ---- what this host can do ----------------------------------------------------------------------------
 _host_lock = threading.Lock()
 _host_reason: list[str | None] = []  # memo: [] unknown, [None] usable, [reason]
@@ -79,9 +75,9 @@ def import_nvc() -> ModuleType:
     try:
         return importlib.import_module("PyNvVideoCodec")
     except ImportError as exc:
-        raise NvdecUnavailable(f"PyNvVideoCodec is not installed ({INSTALL_HINT}): {exc}") from None
+        raise StageUnusable(f"PyNvVideoCodec is not installed ({INSTALL_HINT}): {exc}") from None
     except Exception as exc:  # its import probes the driver and can fail in other ways
-        raise NvdecUnavailable(f"PyNvVideoCodec failed to load: {type(exc).__name__}: {exc}") from None
+        raise StageUnusable(f"PyNvVideoCodec failed to load: {type(exc).__name__}: {exc}") from None
 
 
 def nvdec_unavailable() -> str | None:
@@ -106,7 +102,7 @@ def _probe_host() -> str | None:
         return "no CUDA device"
     try:
         import_nvc()
-    except NvdecUnavailable as exc:
+    except StageUnusable as exc:
         return str(exc)
     return None
 
@@ -132,23 +128,36 @@ def device_memory_short(width: int, height: int, device: int = 0) -> str | None:
     return None
 
 
+_caps_lock = threading.Lock()
+_caps: dict[tuple[int, str, str, int], dict[str, Any]] = {}  # (device, codec, chroma, depth) -> caps
+
+
 def stream_unsupported(
     nvc: Any, codec: str, width: int, height: int, chroma: str, bit_depth: int, device: int = 0
 ) -> str | None:
-    """None when NVDEC's caps accept this stream, else a reason naming codec, size and format."""
-    name = _CODECS.get(codec.lower())
+    """None when NVDEC's caps accept this stream, else a reason naming codec, size and format.
+
+    The caps of a (device, codec, chroma, depth) are queried once per process: they do not change, and a
+    reconnecting camera must not make a driver call each time."""
+    name = NVDEC_CODECS.get(codec_name(codec))
     what = f"{codec} {width}x{height} {chroma} {bit_depth}-bit"
     if name is None:
         return f"NVDEC path takes H.264 and H.265, not {codec or 'an unknown codec'} ({what})"
-    try:
-        caps = nvc.GetDecoderCaps(
-            gpuid=device,
-            codec=getattr(nvc.cudaVideoCodec, name),
-            chromaformat=nvc.cudaVideoChromaFormat.__members__[chroma],
-            bitdepth=bit_depth,
-        )
-    except Exception as exc:
-        return f"NVDEC caps query failed for {what}: {type(exc).__name__}: {exc}"
+    key = (device, name, chroma, bit_depth)
+    with _caps_lock:
+        caps = _caps.get(key)
+    if caps is None:
+        try:
+            caps = nvc.GetDecoderCaps(
+                gpuid=device,
+                codec=getattr(nvc.cudaVideoCodec, name),
+                chromaformat=nvc.cudaVideoChromaFormat.__members__[chroma],
+                bitdepth=bit_depth,
+            )
+        except Exception as exc:
+            return f"NVDEC caps query failed for {what}: {type(exc).__name__}: {exc}"
+        with _caps_lock:
+            _caps[key] = caps
     if not caps.get("supported"):
         return f"this GPU's NVDEC does not decode {what}"
     if not (
@@ -278,35 +287,6 @@ class DeviceNv12:
 
 
 # ---- the decoder --------------------------------------------------------------------------------------
-@dataclass
-class DecodeStats:
-    packets: int = 0
-    frames: int = 0
-    errors: int = 0  # packets the decoder rejected (corrupt bitstream); decoding resumes at the next IDR
-    decode_s: float = 0.0  # host time inside Decode() (demux time is the reader's own)
-    reconfigures: int = 0  # new sessions for changed stream parameters (resolution changes)
-    demux_cpu_s: float = 0.0  # reader thread CPU reading packets (OpenCV/FFmpeg demux)
-    decode_cpu_s: float = 0.0  # reader thread CPU in decode(): Decode() and the copy into frame memory
-
-
-def _parameter_set(data: bytes, codec: str) -> bytes | None:
-    """The SPS NAL unit of an Annex-B packet (H.264 type 7, H.265 type 33), or None.
-
-    Walks start codes with bytes.find: a key frame holds a handful of NAL units, never a per-byte loop.
-    """
-    hevc = _CODECS.get(codec.lower()) == "HEVC"
-    start = data.find(b"\x00\x00\x01")
-    while start >= 0:
-        begin = start + 3
-        end = data.find(b"\x00\x00\x01", begin)
-        if begin < len(data):
-            kind = (data[begin] >> 1) & 0x3F if hevc else data[begin] & 0x1F
-            if kind == (33 if hevc else 7):
-                return data[begin : end if end >= 0 else len(data)].rstrip(b"\x00")
-        start = end
-    return None
-
-
 class NvdecDecoder:
     """One NVDEC session on its own stream; `decode(packet)` -> owned DeviceNv12 pictures, in order."""
 
@@ -338,7 +318,7 @@ class NvdecDecoder:
         nvc = self._nvc
         self._dec = nvc.CreateDecoder(
             gpuid=self.device,
-            codec=getattr(nvc.cudaVideoCodec, _CODECS[self.codec.lower()]),
+            codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec_name(self.codec)]),
             cudacontext=self._ctx,
             cudastream=self._holder.stream.handle,
             usedevicememory=True,
@@ -353,7 +333,7 @@ class NvdecDecoder:
         threw on 1080p IDRs), so a changed SPS gets a session of its own; the old one's pictures come first.
         """
         raw = data.tobytes()
-        sps = _parameter_set(raw, self.codec)
+        sps = find_sps(raw, self.codec)
         if sps is None or sps == self._sps:
             return []
         first, self._sps = self._sps is None, sps
@@ -431,6 +411,11 @@ class NvdecDecoder:
         frame.event.record(self._holder.stream)
         return frame
 
+    def resume_at_key_frame(self) -> None:
+        """A new connection feeds this session: skip packets up to its first key frame (references from
+        the old connection are gone)."""
+        self._skip_to_idr = True
+
     def flush(self) -> list[DeviceNv12]:
         """Pictures still inside the decoder (end of a file)."""
         pkt = self._nvc.PacketData()
@@ -460,243 +445,137 @@ def _primary_context(device: int) -> int:
     return int(ctx)
 
 
-# ---- the reader ---------------------------------------------------------------------------------------
-_told: set[str] = set()  # host-level reasons already logged (once per process, not once per camera)
+# ---- the stage ----------------------------------------------------------------------------------------
+# FFmpeg pixel formats as OpenCV reports them (CAP_PROP_CODEC_PIXEL_FORMAT fourcc) -> (chroma, bit depth).
+_PIXEL_FORMATS = {
+    "I420": ("420", 8),
+    "J420": ("420", 8),
+    "NV12": ("420", 8),
+    "YV12": ("420", 8),
+    "Y42B": ("422", 8),
+    "422P": ("422", 8),
+    "444P": ("444", 8),
+    "Y444": ("444", 8),
+}
 
 
-def open_reader(
-    spec: SourceSpec,
-    slot: FrameSlot | None,
-    on_state: StateCallback | None,
-    *,
-    decoder: str = "auto",
-    device: int = 0,
-    latency: str = "low",
-) -> CameraReader:
-    """The reader a camera's `decoder` setting asks for: cpu, nvdec, or auto (NVDEC where it works).
+class NvdecStage:
+    """Decode stage for NVDEC: packets in, `DeviceNv12` pictures out, each stamped with its own packet's
+    arrival (a picture the decoder hands out later, at native latency or from a flush, keeps the capture
+    time of the data it came from)."""
 
-    For auto on a host without NVDEC this is the plain CPU reader, with the reason in `decoder_reason`
-    (logged once per process); per-stream reasons (codec, size) are found when the stream opens.
-    """
-    if decoder == "cpu":
-        return CameraReader(spec, slot, on_state)
-    if decoder == "auto":
-        why = nvdec_unavailable()
-        if why is not None:
-            if why not in _told:
-                _told.add(why)
-                log.info("NVDEC not used (%s): cameras with decoder auto decode on the CPU", why)
-            reader = CameraReader(spec, slot, on_state)
-            reader.decoder_reason = why
-            return reader
-        if spec.pipeline is not None:
-            reader = CameraReader(spec, slot, on_state)
-            reader.decoder_reason = "a GStreamer pipeline decodes itself"
-            return reader
-    return NvdecReader(spec, slot, on_state, mode=decoder, device=device, latency=latency)
+    name = "nvdec"
+    packets = True
+    decodes_all = True  # P-frames need every earlier packet: the fps limit drops pictures, not packets
 
-
-class NvdecReader(CameraReader):
-    """CameraReader whose frames are NVDEC pictures in device memory (`DeviceNv12`).
-
-    mode "auto": any reason NVDEC cannot take the stream switches this camera to CPU decoding (logged once,
-    `decoder_reason`); mode "nvdec": the reason fails the camera, naming codec and what is missing.
-    """
-
-    def __init__(
-        self,
-        spec: SourceSpec,
-        slot: FrameSlot | None = None,
-        on_state: StateCallback | None = None,
-        *,
-        mode: str = "auto",
-        device: int = 0,
-        latency: str = "low",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(spec, slot, on_state, **kwargs)
-        if mode not in ("auto", "nvdec"):
-            raise ValueError(f"camera {spec.camera!r}: NvdecReader mode must be auto or nvdec, not {mode!r}")
+    def __init__(self, *, device: int = 0, latency: str = "low") -> None:
         if latency not in ("low", "native"):
-            raise ValueError(
-                f"camera {spec.camera!r}: decoder latency must be low or native, not {latency!r}"
-            )
-        self.mode, self.device, self.latency = mode, device, latency
-        self.decoder = "nvdec"  # what decodes now: nvdec, or cpu after an auto fallback
-        self.decoder_reason: str | None = None
-        self.decode_stats = DecodeStats()  # summed over sessions
-        self.sessions_open = 0  # live NVDEC sessions (0 or 1): reconnects must not leak them
-        self._failed: str | None = None
+            raise ValueError(f"decoder latency must be low or native, not {latency!r}")
+        self.device, self.latency = device, latency
         self._session: NvdecDecoder | None = None
-        if self._target.kind not in ("rtsp", "stream", "file"):
-            why = f"NVDEC takes FFmpeg sources (RTSP, files), not {self._target.kind}"
-            if mode == "nvdec":
-                raise NvdecUnavailable(f"camera {spec.camera!r}: decoder nvdec: {why}")
-            self._fall_back(why)
+        self._stream_key: tuple[str, int, int, str, int] | None = None  # what the session was made for
+        self._arrivals: collections.deque[tuple[float, float]] = collections.deque()
+        self._done = DecodeStats()  # ended sessions, summed
+        self.sessions_open = 0  # live NVDEC sessions of this camera (0 or 1 once teardowns finished)
+        self._lock = threading.Lock()  # sessions_open: the closer thread decrements it
 
-    def stats(self) -> dict[str, object]:
-        out = super().stats()
-        out.update(decoder=self.decoder, decoder_reason=self.decoder_reason, decode_errors=self.decode_errors)
+    # -- session ------------------------------------------------------------------------------------
+    def start(self, capture: Capture) -> None:
+        info = capture.info
+        assert info is not None
+        if not capture.packets:
+            raise StageUnusable(f"NVDEC takes FFmpeg sources (RTSP, files), not {capture.target.kind}")
+        why = self._host_unusable()
+        if why is not None:
+            raise StageUnusable(why)
+        chroma, depth = _PIXEL_FORMATS.get(info.pixel_format, ("420", 8))
+        key = (info.codec, info.width, info.height, chroma, depth)
+        self._arrivals.clear()  # stamps of the old connection's packets mean nothing now
+        if self._session is not None and key == self._stream_key:
+            self._session.resume_at_key_frame()
+            return
+        self._retire()
+        self._session = self._new_session(info.codec, info.width, info.height, chroma, depth)
+        self._stream_key = key
+        with self._lock:
+            self.sessions_open += 1
+        self._done.sessions += 1
+
+    def _new_session(self, codec: str, width: int, height: int, chroma: str, depth: int) -> NvdecDecoder:
+        """Memory, caps, then the session; StageUnusable (auto falls back) or SessionError (fails)."""
+        what = f"{codec} {width}x{height}"
+        short = device_memory_short(width, height, self.device)
+        if short is not None:  # not a fallback: the engine shares this memory; other cameras go on
+            raise SessionError(f"NVDEC session for {what} could not be created: {short}")
+        nvc = import_nvc()
+        why = stream_unsupported(nvc, codec, width, height, chroma, depth, self.device)
+        if why is not None:
+            raise StageUnusable(why)
+        try:
+            return NvdecDecoder(codec, device=self.device, nvc=nvc, latency=self.latency.upper())
+        except Exception as exc:  # out of device memory, too many sessions: other cameras keep streaming
+            raise SessionError(
+                f"NVDEC session for {what} could not be created: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def end(self, final: bool) -> Closer | None:
+        """Keep the session for the next connection unless this is the end, or pictures may be held back
+        in it (native latency) that belong to this connection."""
+        if final or self.latency != "low":
+            return self._retire()
+        return None
+
+    def _retire(self) -> Closer | None:
+        session, self._session, self._stream_key = self._session, None, None
+        if session is None:
+            return None
+        self._done.add(session.stats)
+
+        def close() -> None:
+            try:
+                session.close()
+            finally:
+                with self._lock:
+                    self.sessions_open -= 1
+
+        return close
+
+    def _host_unusable(self) -> str | None:
+        return nvdec_unavailable()
+
+    # -- pictures -----------------------------------------------------------------------------------
+    def decode(self, unit: Unit) -> list[Picture]:
+        assert self._session is not None and unit.data is not None
+        # When each packet arrived, in decode order: camera streams decode in display order (no B-frames);
+        # with B-frames this is the nearest packet.
+        self._arrivals.append((unit.arrived, unit.arrived_wall))
+        pictures = self._stamped(self._session.decode(unit.data, unit.keyframe))
+        # Packets that gave no picture (parameter sets, a skipped corrupt packet) must not shift the stamps
+        # of later pictures by more than the decoder can hold back.
+        held_back = 0 if self._session.latency == "LOW" else 4
+        while len(self._arrivals) > held_back:
+            self._arrivals.popleft()
+        return pictures
+
+    def flush(self) -> list[Picture]:
+        if self._session is None:
+            return []
+        pictures = self._stamped(self._session.flush())
+        self._arrivals.clear()
+        return pictures
+
+    def _stamped(self, images: list[Any]) -> list[Picture]:
+        out = []
+        for image in images:
+            arrived, wall = self._arrivals.popleft() if self._arrivals else (time.monotonic(), time.time())
+            out.append((image, arrived, wall))
         return out
 
-    def decode_totals(self) -> DecodeStats:
+    def totals(self) -> DecodeStats:
         """Packets, pictures, errors and Decode() time over past sessions and the current one (live)."""
-        session, done = self._session, self.decode_stats
-        now = session.stats if session is not None else DecodeStats()
-        return DecodeStats(
-            done.packets + now.packets,
-            done.frames + now.frames,
-            done.errors + now.errors,
-            done.decode_s + now.decode_s,
-            done.reconfigures + now.reconfigures,
-            done.demux_cpu_s,
-            done.decode_cpu_s,
-        )
-
-    @property
-    def decode_errors(self) -> int:
-        """Packets NVDEC rejected, past sessions and the current one."""
+        out = DecodeStats()
+        out.add(self._done)
         session = self._session
-        return self.decode_stats.errors + (session.stats.errors if session is not None else 0)
-
-    def _fall_back(self, reason: str) -> None:
-        if self.decoder != "cpu":
-            log.warning("camera %s: decoding on the CPU: %s", self.spec.camera, reason)
-        self.decoder, self.decoder_reason = "cpu", reason
-
-    def _fail(self, reason: str) -> tuple[int, str]:
-        """End the reader in state failed (run() reports it): retrying cannot help."""
-        self._failed = self._scrub(reason)
-        self._stopping.set()
-        return 0, self._failed
-
-    def _open_params(self) -> list[int]:
-        params = super()._open_params()
-        if self.decoder == "nvdec" and self._target.api == cv2.CAP_FFMPEG:
-            params += [cv2.CAP_PROP_FORMAT, -1]  # packets, not pictures
-        return params
-
-    def _stream(self, cap: cv2.VideoCapture) -> tuple[int, str]:
-        if self.decoder == "cpu":
-            return super()._stream(cap)
-        codec = _fourcc(cap.get(cv2.CAP_PROP_FOURCC))
-        w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        chroma, depth = _PIXEL_FORMATS.get(_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)), ("420", 8))
-        why = nvdec_unavailable()
-        if why is None:
-            short = device_memory_short(w, h, self.device)
-            if short is not None:  # not a fallback: the engine shares this memory; other cameras go on
-                return self._fail(f"NVDEC session for {codec} {w}x{h} could not be created: {short}")
-            nvc = import_nvc()
-            why = stream_unsupported(nvc, codec, w, h, chroma, depth, self.device)
-        if why is not None:
-            if self.mode == "nvdec":
-                return self._fail(f"decoder nvdec: {why}")
-            self._fall_back(self._scrub(why))
-            cap.release()  # reopen as pictures at once: no backoff, no reconnecting state for a fallback
-            cpu_cap, error = self._open()
-            if cpu_cap is None:
-                return 0, error
-            try:
-                return super()._stream(cpu_cap)
-            finally:
-                cpu_cap.release()
-        try:
-            decoder = NvdecDecoder(codec, device=self.device, nvc=nvc, latency=self.latency.upper())
-        except Exception as exc:  # out of device memory, too many sessions: other cameras keep streaming
-            return self._fail(
-                f"NVDEC session for {codec} {w}x{h} could not be created: {type(exc).__name__}: {exc}"
-            )
-        self.sessions_open += 1
-        self._session = decoder
-        try:
-            return self._stream_packets(cap, decoder)
-        finally:
-            decoder.close()
-            self._session = None
-            self.sessions_open -= 1
-            s = decoder.stats
-            self.decode_stats.packets += s.packets
-            self.decode_stats.frames += s.frames
-            self.decode_stats.errors += s.errors
-            self.decode_stats.decode_s += s.decode_s
-
-    def _stream_packets(self, cap: cv2.VideoCapture, decoder: NvdecDecoder) -> tuple[int, str]:
-        spec = self.spec
-        is_file = self._target.kind == "file"
-        pace = 0.0
-        if is_file and spec.realtime:
-            native = cap.get(cv2.CAP_PROP_FPS)
-            if 0 < native <= 1000:
-                pace = 1.0 / native
-        limit = 1.0 / spec.fps if spec.fps else 0.0
-        next_pace = time.monotonic()
-        next_emit: float | None = None
-        delivered = 0
-        # When each packet arrived, in decode order: a picture the decoder hands out later (latency native, or
-        # the pictures of a flush) is stamped with its own packet's arrival, not with the moment it came out.
-        # Camera streams decode in display order (no B-frames); with B-frames this is the nearest packet.
-        arrivals: collections.deque[tuple[float, float]] = collections.deque()
-        held_back = 0 if decoder.latency == "LOW" else 4  # pictures the decoder may still owe
-
-        def emit(pictures: list[DeviceNv12]) -> None:
-            nonlocal next_emit, delivered
-            for picture in pictures:
-                arrived, arrived_wall = arrivals.popleft() if arrivals else (time.monotonic(), time.time())
-                self.frames_read += 1
-                if limit:
-                    now = time.monotonic()
-                    if next_emit is not None and now < next_emit:
-                        continue  # decoded (later pictures need it) but not delivered
-                    next_emit = (
-                        now + limit if next_emit is None or now - next_emit > limit else next_emit + limit
-                    )
-                delivered += 1
-                self._hand_over(picture, arrived_wall, arrived, delivered == 1)
-
-        while not self._stopping.is_set():
-            if pace:
-                delay = next_pace - time.monotonic()
-                if delay > 0 and self._stopping.wait(delay):
-                    break
-                next_pace = max(next_pace + pace, time.monotonic() - pace)
-            t0, c0 = time.monotonic(), time.thread_time()
-            try:
-                ok, packet = cap.read()
-            except cv2.error as exc:
-                return delivered, self._scrub(f"read error on {self.display}: {exc}")
-            t1, c1 = time.monotonic(), time.thread_time()
-            self.decode_stats.demux_cpu_s += c1 - c0
-            if not ok or packet is None:
-                if is_file:
-                    emit(decoder.flush())  # the pictures a native-latency decoder still holds
-                    arrivals.clear()
-                if is_file and spec.loop and delivered:
-                    if not cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
-                        cap.open(self._target.target, self._target.api, self._open_params())
-                    continue
-                if is_file:
-                    return delivered, self._scrub(
-                        f"{'end of file' if delivered else 'cannot read'}: {self.display}"
-                    )
-                if t1 - t0 >= spec.read_timeout_s:
-                    return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
-                return delivered, self._scrub(f"stream ended or read failed: {self.display}")
-            if not is_file and t1 - t0 >= spec.read_timeout_s:
-                return delivered, self._scrub(f"no frame for {spec.read_timeout_s:g} s: {self.display}")
-            keyframe = bool(cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME))
-            arrivals.append((t1, time.time()))
-            pictures = decoder.decode(packet, keyframe)
-            self.decode_stats.decode_cpu_s += time.thread_time() - c1
-            emit(pictures)
-            # Packets that gave no picture (parameter sets, a skipped corrupt packet) must not shift the
-            # stamps of later pictures by more than the decoder can hold back.
-            while len(arrivals) > held_back:
-                arrivals.popleft()
-        return delivered, "stopped"
-
-    def run(self) -> None:
-        super().run()
-        if self._failed is not None:
-            self.last_error = self._failed
-            self._set_state("failed", self._failed)
+        if session is not None:
+            out.add(session.stats)
+        return out

@@ -1,21 +1,12 @@
-"""Encoded-packet source for the hardware-decode path, and the H.264/H.265 bitstream helpers it needs.
+"""H.264/H.265 bitstream helpers, once for the package: codec names, NAL units, the SPS parser.
 
-OpenCV's FFmpeg backend in packet mode (``CAP_PROP_FORMAT -1``) hands out the demuxed packets instead of
-pictures: one access unit per read, Annex-B (FFmpeg converts mp4/avcC itself), SPS/PPS repeated before
-every IDR, with the same open/read timeouts as :class:`pipelines.sources.CameraReader` (measured on
-OpenCV 4.12 / FFmpeg 7: files and RTSP alike; the packet array comes back as shape ``(1, N)``)::
-
-    with PacketSource("rtsp://cam/stream", open_timeout_s=5, read_timeout_s=2) as src:
-        info = src.open()                   # StreamInfo: codec, width, height, fps, pixel format
-        while (pkt := src.read()) is not None:
-            decoder.decode(pkt.data, pkt.keyframe)   # pkt.data: 1-D uint8 Annex-B
-        print(src.last_error)               # why reading ended (credentials masked)
-
-Also here, free of OpenCV state: :func:`nal_units` / :func:`nal_types` (start codes found with bytes.find,
-no per-byte Python loop), :func:`is_irap`, and :func:`parse_sps`, which reads an H.264 or H.265 sequence
-parameter set up to the VUI colour description so that GPU colour conversion can pick BT.601/BT.709/BT.2020
-and limited/full range. A stream that says nothing (no VUI, no video_signal_type, or "unspecified") is
-treated as **BT.601 limited range**, as FFmpeg's swscale does for unspecified SD/HD material.
+The NVDEC stage needs them (a changed SPS means a new session; the VUI gives the colour matrix); nothing
+else parses bitstreams. Free of OpenCV state: :func:`nal_units` / :func:`nal_types` (start codes found with
+bytes.find, no per-byte Python loop), :func:`is_irap`, :func:`find_sps`, and :func:`parse_sps`, which reads
+an H.264 or H.265 sequence parameter set up to the VUI colour description so that GPU colour conversion can
+pick BT.601/BT.709/BT.2020 and limited/full range. A stream that says nothing (no VUI, no video_signal_type,
+or "unspecified") is treated as **BT.601 limited range**, as FFmpeg's swscale does for unspecified SD/HD
+material.
 
 Nothing here raises on a corrupt stream: a truncated packet yields fewer NAL units, a truncated SPS raises
 ``ValueError`` from :func:`parse_sps` only (callers that cannot care use :func:`colour_of`).
@@ -25,17 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
+from dataclasses import dataclass
 
-import cv2
 import numpy as np
-
-from pipelines.rtsp_probe import diagnose
-from pipelines.sources import SourceSpec, _resolve, open_params
-from pipelines.urls import mask_url, secrets_of
 
 log = logging.getLogger(__name__)
 
@@ -457,271 +440,19 @@ def _parse_h265_sps(nal: bytes) -> SpsInfo:
     return _with_vui(b, info)
 
 
-# --- the packet source ----------------------------------------------------------------------------------
-def _fourcc(value: float) -> str:
+def fourcc_text(value: float) -> str:
+    """A fourcc property (CAP_PROP_FOURCC, CAP_PROP_CODEC_PIXEL_FORMAT) as text; "" when unknown."""
     if not math.isfinite(value) or value <= 0:
         return ""
-    return int(value).to_bytes(4, "little").decode("latin-1").strip("\x00 ")
-
-
-class DemuxError(Exception):
-    """The source cannot be opened in packet mode; the message is credential-free."""
-
-
-@dataclass(frozen=True)
-class StreamInfo:
-    """What OpenCV reports after opening (packet mode); zeros/"" where it does not know."""
-
-    codec: str  # "h264" | "hevc" | FFmpeg's tag lower-cased (from CAP_PROP_FOURCC)
-    fourcc: str  # CAP_PROP_FOURCC as text, e.g. "h264", "hevc"
-    pixel_format: str  # CAP_PROP_CODEC_PIXEL_FORMAT as text, e.g. "I420" (4:2:0 8-bit)
-    width: int
-    height: int
-    fps: float | None  # None when FFmpeg has no rate (some cameras report 90000 or 0)
-    open_s: float  # how long the open took
-
-
-@dataclass(frozen=True, eq=False)
-class Packet:
-    """One demuxed packet: normally one access unit, Annex-B with start codes.
-
-    ``data`` is this packet's own 1-D uint8 array (OpenCV allocates a new one per read). ``keyframe`` is
-    FFmpeg's key flag (CAP_PROP_LRF_HAS_KEY_FRAME: IDR, or a recovery-point SEI on intra-refresh streams)
-    or'ed with :attr:`irap`, the bitstream's own answer, so a demuxer that never sets the flag still works.
-    """
-
-    data: np.ndarray
-    index: int  # 0-based count of packets since open()
-    codec: str  # as StreamInfo.codec
-    # CAP_PROP_PTS as OpenCV reports it: in frame units (presentation time x stream fps), not the container's
-    # time base; None when unknown. Prefer time_s.
-    pts: int | None
-    time_s: float | None  # CAP_PROP_POS_MSEC / 1000: presentation time from the stream start (s)
-    flag_key: bool  # FFmpeg's key flag alone
-    read_s: float  # time spent in cap.read()
-    nal_types: tuple[int, ...] = field(default=())  # nal_unit_type of each NAL unit, in order
-
-    @property
-    def irap(self) -> bool:
-        """The packet holds an IDR (H.264) / IRAP (H.265) picture: decoding can start here."""
-        return is_irap(self.nal_types, self.codec)
-
-    @property
-    def keyframe(self) -> bool:
-        return self.flag_key or self.irap
-
-    @property
-    def size(self) -> int:
-        return int(self.data.size)
-
-    @cached_property
-    def nals(self) -> list[bytes]:
-        """The NAL units (start codes excluded), computed on first use."""
-        return nal_units(self.data)
-
-    def sps(self) -> bytes | None:
-        """The packet's SPS NAL unit, or None."""
-        return find_sps(self.data, self.codec)
-
-
-class PacketSource:
-    """Reads encoded packets from a file or network stream through OpenCV's FFmpeg backend.
-
-    Not thread-safe: one thread opens, reads and closes (like one CameraReader). ``read()`` never raises
-    for stream trouble: it returns None and sets :attr:`last_error` (and :attr:`stalled` when the read
-    timeout fired, i.e. a frozen camera).
-    """
-
-    def __init__(
-        self,
-        source: SourceSpec | str,
-        *,
-        open_timeout_s: float = 5.0,
-        read_timeout_s: float = 2.0,
-        diagnose_failures: bool = True,
-    ) -> None:
-        if isinstance(source, SourceSpec):
-            self.spec = source
-        else:
-            self.spec = SourceSpec(
-                camera="demux", url=source, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s
-            )
-        self._secrets = secrets_of(str(self.spec.url))
-        self._target = _resolve(self.spec)
-        if self._target.api != cv2.CAP_FFMPEG:
-            raise DemuxError(f"packet mode needs an FFmpeg source, not {self._target.kind}: {self.display}")
-        self._diagnose = diagnose_failures
-        self._cap: cv2.VideoCapture | None = None
-        self.info: StreamInfo | None = None
-        self.packets = 0
-        self.bytes = 0
-        self.last_error: str | None = None
-        self.stalled = False
-        self._key_prop = getattr(cv2, "CAP_PROP_LRF_HAS_KEY_FRAME", None)  # OpenCV >= 4.7
-        self._sps_raw: bytes | None = None
-        self.sps: SpsInfo | None = None  # the latest SPS seen in a packet, parsed (None: none yet/unreadable)
-
-    @property
-    def display(self) -> str:
-        """The source as it may be shown: credentials masked."""
-        return self._scrub(str(self.spec.url))
-
-    def _scrub(self, text: str) -> str:
-        text = mask_url(text)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def open_params(self) -> list[int]:
-        """CameraReader's open/read timeouts plus packet mode."""
-        return [*open_params(self.spec, self._target.api), cv2.CAP_PROP_FORMAT, -1]
-
-    def open(self) -> StreamInfo:
-        """Open (or reopen) in packet mode; raise :class:`DemuxError` with a credential-free reason."""
-        self.close()
-        t = self._target
-        if t.kind == "file" and not Path(str(t.target)).is_file():
-            raise DemuxError(f"no such file: {self.display}")
-        start = time.monotonic()
-        try:
-            cap = cv2.VideoCapture(t.target, t.api, self.open_params())
-        except cv2.error as exc:
-            raise DemuxError(self._scrub(f"cannot open {self.display}: {exc}")) from None
-        took = time.monotonic() - start
-        if not cap.isOpened():
-            cap.release()
-            timed_out = t.kind in ("rtsp", "stream") and took >= 0.9 * self.spec.open_timeout_s
-            what = f"open timed out after {self.spec.open_timeout_s:g} s" if timed_out else "cannot open"
-            why = ""
-            if t.kind == "rtsp" and self._diagnose and isinstance(self.spec.url, str):
-                why = ": " + diagnose(self.spec.url, timeout=min(3.0, self.spec.open_timeout_s))
-            raise DemuxError(self._scrub(f"{what}: {self.display}{why}"))
-        if cap.get(cv2.CAP_PROP_FORMAT) != -1:
-            # An OpenCV without packet mode would hand us pictures: refuse rather than feed them to NVDEC.
-            cap.release()
-            raise DemuxError(f"this OpenCV does not support packet mode (CAP_PROP_FORMAT -1): {self.display}")
-        fourcc = _fourcc(cap.get(cv2.CAP_PROP_FOURCC))
-        fps = cap.get(cv2.CAP_PROP_FPS)
-        self.info = StreamInfo(
-            codec=codec_name(fourcc),
-            fourcc=fourcc,
-            pixel_format=_fourcc(cap.get(cv2.CAP_PROP_CODEC_PIXEL_FORMAT)),
-            width=int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
-            height=int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
-            fps=fps if math.isfinite(fps) and 0 < fps <= 1000 else None,
-            open_s=took,
-        )
-        self._cap = cap
-        self.packets = self.bytes = 0
-        self.last_error, self.stalled = None, False
-        log.debug("demux: opened %s in %.3f s: %s", self.display, took, self.info)
-        return self.info
-
-    def read(self) -> Packet | None:
-        """The next packet, or None at end of stream, on a read error, or when no packet came within the
-        read timeout (``stalled``); :attr:`last_error` says which."""
-        cap, info = self._cap, self.info
-        if cap is None or info is None:
-            self.last_error = "not open"
-            return None
-        t0 = time.monotonic()
-        try:
-            ok, raw = cap.read()
-        except cv2.error as exc:
-            self.last_error = self._scrub(f"read error on {self.display}: {exc}")
-            return None
-        took = time.monotonic() - t0
-        live = self._target.kind != "file"
-        # As in CameraReader: a read that lasted the read timeout means FFmpeg's interrupt fired; whatever it
-        # returns afterwards is a drained buffer, not a live camera.
-        if live and took >= self.spec.read_timeout_s:
-            self.stalled = True
-            self.last_error = self._scrub(f"no packet for {self.spec.read_timeout_s:g} s: {self.display}")
-            return None
-        if not ok or raw is None or raw.size == 0:
-            what = "end of file" if not live else "stream ended or read failed"
-            self.last_error = self._scrub(f"{what}: {self.display}")
-            return None
-        data = raw.reshape(-1)  # OpenCV returns (1, N); a view of this read's own buffer
-        buf = data.tobytes()
-        hevc = info.codec == "hevc"
-        types = tuple(((buf[b] >> 1) & 0x3F) if hevc else (buf[b] & 0x1F) for b, _ in nal_spans(buf))
-        flag_key = bool(self._key_prop is not None and cap.get(self._key_prop) > 0)
-        pts = cap.get(cv2.CAP_PROP_PTS)
-        msec = cap.get(cv2.CAP_PROP_POS_MSEC)
-        packet = Packet(
-            data=data,
-            index=self.packets,
-            codec=info.codec,
-            pts=int(pts) if math.isfinite(pts) and pts >= 0 else None,
-            time_s=msec / 1000.0 if math.isfinite(msec) else None,
-            flag_key=flag_key,
-            read_s=took,
-            nal_types=types,
-        )
-        self.packets += 1
-        self.bytes += packet.size
-        if (H265_SPS if hevc else H264_SPS) in types:
-            self._note_sps(buf, info.codec)
-        return packet
-
-    def _note_sps(self, buf: bytes, codec: str) -> None:
-        sps = find_sps(buf, codec)
-        if sps is None or sps == self._sps_raw:
-            return  # the same SPS repeated before every IDR: parse once
-        self._sps_raw = sps
-        try:
-            self.sps = parse_sps(sps, codec)
-        except ValueError as exc:
-            self.sps = None
-            log.warning("demux: unreadable SPS on %s (%s): assuming BT.601 limited range", self.display, exc)
-
-    def rewind(self) -> bool:
-        """Files: start again from the first packet (seek, or reopen where the container refuses)."""
-        if self._cap is None:
-            return False
-        if self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
-            return True
-        try:
-            self.open()
-        except DemuxError as exc:
-            self.last_error = str(exc)
-            return False
-        return True
-
-    def close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None
-
-    def __iter__(self) -> PacketSource:
-        return self
-
-    def __next__(self) -> Packet:
-        packet = self.read()
-        if packet is None:
-            raise StopIteration
-        return packet
-
-    def __enter__(self) -> PacketSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"PacketSource({self.display!r}, packets={self.packets})"
+    return (int(value) & 0xFFFFFFFF).to_bytes(4, "little").decode("latin-1").strip("\x00 ")
 
 
 __all__ = [
-    "DemuxError",
-    "Packet",
-    "PacketSource",
     "SpsInfo",
-    "StreamInfo",
     "codec_name",
     "colour_of",
     "find_sps",
+    "fourcc_text",
     "is_irap",
     "nal_spans",
     "nal_type",

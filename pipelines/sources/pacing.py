@@ -1,0 +1,57 @@
+"""Time for a reader: the absolute schedule a file plays on, and the fps limit of what is handed over.
+
+Both keep a schedule (frame n is due at start + n x period) instead of sleeping a period after the work:
+a sleep after the work makes every frame late by the work's own time, and the rate drifts below nominal
+(measured before this module: NVDEC file readers at 25 fps delivered 20.6 fps, CPU readers 23.9).
+"""
+
+from __future__ import annotations
+
+import time
+
+# A reader more than this late (a machine that froze, a debugger) starts a new schedule instead of bursting
+# out every frame it owes: a camera that came back late does not send its backlog either.
+RESYNC_S = 1.0
+
+
+class Schedule:
+    """When the next frame of a file is due: start + n x period, n counting across loop points."""
+
+    def __init__(self, period_s: float, now: float | None = None) -> None:
+        self.period = period_s
+        self._start = time.monotonic() if now is None else now
+        self._n = 0
+        self.resyncs = 0  # times the reader fell more than RESYNC_S behind and started again
+
+    @property
+    def due(self) -> float:
+        return self._start + self._n * self.period
+
+    def wait_s(self, now: float | None = None) -> float:
+        """Seconds until the next frame is due (0: read now), and count that frame as taken."""
+        now = time.monotonic() if now is None else now
+        late = now - self.due
+        if late > RESYNC_S:
+            self._start, self._n = now, 0
+            self.resyncs += 1
+        delay = self.due - now
+        self._n += 1
+        return max(0.0, delay)
+
+
+class RateLimit:
+    """Keeps at most `fps` frames per second, on a schedule (25 fps -> 10 fps gives 10, not 8.3)."""
+
+    def __init__(self, fps: float | None) -> None:
+        self.period = 1.0 / fps if fps else 0.0
+        self._next: float | None = None
+
+    def take(self, now: float) -> bool:
+        """True when a frame arriving at `now` is to be kept."""
+        if not self.period:
+            return True
+        if self._next is not None and now < self._next:
+            return False
+        late = self._next is None or now - self._next > self.period
+        self._next = now + self.period if late else self._next + self.period  # type: ignore[operator]
+        return True
