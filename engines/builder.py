@@ -25,7 +25,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import onnx
 
@@ -43,6 +43,16 @@ from engines.runtimes.trt_layers import build_layer_summary
 from engines.settings import BuildSettings, profiles_from_json
 from engines.store import EngineStore
 from engines.trt_api import ProgressCallback, TrtApi, import_trt
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
+
+    from engines.calibrator import Calibrator
+    from engines.trt_api import TrtLogger
+
+    # build_plan's handle for saving the timing cache: the config that made it, and the cache (None where
+    # TensorRT has none).
+    TimingCacheHandle = tuple[trt.IBuilderConfig, trt.ITimingCache | None]
 
 log = logging.getLogger("engines.builder")
 
@@ -62,7 +72,7 @@ def _noop(phase: str, step: int, total: int) -> None:
     pass
 
 
-def _pin_fp32_islands(api: TrtApi, network: Any) -> int:
+def _pin_fp32_islands(api: TrtApi, network: trt.INetworkDefinition) -> int:
     """Weakly typed FP16/INT8 builds choose layer precisions freely: the layers of an FP32 island
     (engines.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead - every
     layer reading a float, comparisons included. Returns how many were pinned (the caller sets the one
@@ -84,12 +94,16 @@ def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
 
 
 def _parse(
-    api: TrtApi, builder: Any, prepared: PreparedModel, logger: Any, model_bytes: bytes | None = None
-) -> tuple[Any, Any]:
+    api: TrtApi,
+    builder: trt.Builder,
+    prepared: PreparedModel,
+    logger: TrtLogger,
+    model_bytes: bytes | None = None,
+) -> tuple[trt.INetworkDefinition, trt.OnnxParser]:
     network = builder.create_network(api.network_flags())
     if network is None:
         raise BuildError(f"{api.label} could not create a network: {'; '.join(logger.errors) or 'no reason'}")
-    parser = api.mod.OnnxParser(network, logger)
+    parser = cast("trt.OnnxParser", api.mod.OnnxParser(network, logger))
     data = model_bytes if model_bytes is not None else prepared.model_bytes
     # parse_from_file lets the parser find external weights next to the ONNX file.
     ok = parser.parse(data) if data is not None else parser.parse_from_file(str(prepared.onnx_path))
@@ -99,16 +113,18 @@ def _parse(
     return network, parser  # the parser must outlive the network (it owns the weights)
 
 
-def _new_builder(api: TrtApi, logger: Any) -> Any:
+def _new_builder(api: TrtApi, logger: TrtLogger) -> trt.Builder:
     # Plugins (EfficientNMS_TRT and friends in YOLO exports) must be registered before the parser meets them.
     api.init_plugins(logger)
-    builder = api.mod.Builder(logger)
+    builder = cast("trt.Builder", api.mod.Builder(logger))
     if builder is None:
         raise BuildError(f"{api.label} could not create a builder: {'; '.join(logger.errors) or 'no reason'}")
     return builder
 
 
-def _base_config(api: TrtApi, builder: Any, spec: BuildSpec, logger: Any) -> tuple[Any, list[Any]]:
+def _base_config(
+    api: TrtApi, builder: trt.Builder, spec: BuildSpec, logger: TrtLogger
+) -> tuple[trt.IBuilderConfig, list[trt.IOptimizationProfile]]:
     """A builder config with the workspace, optimisation level and every profile of `spec`."""
     config = builder.create_builder_config()
     if config is None:
@@ -121,7 +137,8 @@ def _base_config(api: TrtApi, builder: Any, spec: BuildSpec, logger: Any) -> tup
     for i, p in enumerate(profiles_from_json(spec.profiles)):
         profile = builder.create_optimization_profile()
         for name, s in p.items():
-            profile.set_shape(name, s.min, s.opt, s.max)
+            # The stubs take Dims only; TensorRT converts tuples to Dims implicitly (the Dims docs).
+            profile.set_shape(name, s.min, s.opt, s.max)  # type: ignore[arg-type]
         desc = ", ".join(f"{n} {list(s.min)}..{list(s.max)}" for n, s in p.items())
         api.add_profile(config, profile, f"{i} ({desc})")
         profiles.append(profile)
@@ -192,7 +209,7 @@ def build_plan(
     timing_cache: bytes = b"",
     on_progress: ProgressCallback = _noop,
     int8: Int8Request | None = None,
-) -> tuple[bytes, Any, int, dict[str, Any]]:
+) -> tuple[bytes, TimingCacheHandle, int, dict[str, Any]]:
     """The TensorRT part: parse, configure, build. Returns (plan, timing cache object, entries loaded,
     what the manifest's build record says of it: profiling_verbosity, layers, tf32, timing cache status,
     int8, dla). `int8` carries a calibrated INT8 build's inputs and receives its results."""
@@ -223,7 +240,7 @@ def build_plan(
         api.set_dla(builder, config, fp.dla_core)
     # With a GPU build for it (CURRENT); without one, for the target CC (RTX ahead-of-time).
     api.set_target_compute_capability(config, None if fp.has_gpu else fp.compute_capability)
-    calibrator = None
+    calibrator: Calibrator | None = None
     if prepared.precision == "int8":
         # Keep `calibrator` referenced until the build returns: TensorRT holds only a raw pointer.
         calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
@@ -243,7 +260,8 @@ def build_plan(
             )
         dla = {"core": fp.dla_core, "layers_on_dla": on_dla, "layers_on_gpu": on_gpu}
         log.info("DLA core %d: %d layers on DLA, %d fall back to the GPU", fp.dla_core, on_dla, on_gpu)
-    cache, entries, tc_status = (None, 0, None)
+    cache: trt.ITimingCache | None = None
+    entries, tc_status = 0, None
     if api.has_timing_cache:
         cache, entries, tc_status = api.attach_timing_cache(config, timing_cache)
     monitor = api.progress_monitor(on_progress)  # None where TensorRT has no IProgressMonitor (< 10)
@@ -312,7 +330,7 @@ def _check_int8_layers(
     return record
 
 
-def _save_timing_cache(api: TrtApi, path: Path, handle: Any) -> None:
+def _save_timing_cache(api: TrtApi, path: Path, handle: TimingCacheHandle) -> None:
     config, cache = handle
     if cache is None:
         return

@@ -2,7 +2,7 @@
 
     cache = CalibrationCache(store.calib_path(model, key), identity={"method": "entropy", "samples": 500,
                                                                     "onnx_sha256": ...})
-    feeder = BatchFeeder(batches, shape=(1, 3, 416, 416), samples=500, allocator=cuda_allocator)
+    feeder = BatchFeeder(batches, shape=(1, 3, 416, 416), samples=500, allocator=None)  # None: cudaMalloc
     calibrator = make_calibrator(api, "entropy", feeder, cache)   # an IInt8EntropyCalibrator2
     config.int8_calibrator = calibrator                            # (TrtApi.set_int8 does this)
     ... build ...; calibrator.close(); calibrator.error -> raise if set
@@ -30,7 +30,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,25 @@ from engines.cuda_buffers import Allocator, DeviceBufferLike
 from engines.errors import BuildError
 from engines.fsutil import atomic_write_bytes
 from engines.trt_api import TrtApi
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
+
+    class Calibrator(trt.IInt8Calibrator):
+        """What make_calibrator returns (its class, EngineCalibrator, is made at run time on the TensorRT
+        calibrator class of the method)."""
+
+        feeder: BatchFeeder
+        cache: CalibrationCache
+        cache_bytes: bytes | None
+        cache_sha256: str | None
+        cache_read: bool
+
+        @property
+        def error(self) -> BaseException | None: ...
+
+        def close(self) -> None: ...
+
 
 log = logging.getLogger("engines.calibrator")
 
@@ -110,7 +129,7 @@ class BatchFeeder:
         source: BatchSource | None,
         shape: tuple[int, ...],
         samples: int,
-        allocator: Allocator | Callable[[], Allocator] | None,
+        allocator: Allocator | None,
     ) -> None:
         self.shape = tuple(int(d) for d in shape)
         self.batch_size = self.shape[0]
@@ -202,7 +221,7 @@ def make_calibrator(
     *,
     quantile: float = DEFAULT_QUANTILE,
     regression_cutoff: float = DEFAULT_REGRESSION_CUTOFF,
-) -> Any:
+) -> Calibrator:
     """An instance of the TensorRT calibrator class for `method`, delegating to `feeder` and `cache`."""
     base = api.calibrator_base(method)
 

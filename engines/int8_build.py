@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engines.calibrator import (
     DEFAULT_QUANTILE,
@@ -35,6 +35,11 @@ from engines.layer_precision import select_layers
 from engines.precision import PreparedModel
 from engines.settings import DEFAULT_INT8_KEEP_LAYERS, profiles_from_json
 from engines.trt_api import TrtApi
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
+
+    from engines.calibrator import Calibrator
 
 log = logging.getLogger("engines.int8")
 
@@ -84,13 +89,13 @@ def calibration_shape(spec: BuildSpec) -> tuple[str, tuple[int, ...]]:
 
 def configure_int8(
     api: TrtApi,
-    network: Any,
-    config: Any,
-    profiles: list[Any],
+    network: trt.INetworkDefinition,
+    config: trt.IBuilderConfig,
+    profiles: list[trt.IOptimizationProfile],
     prepared: PreparedModel,
     spec: BuildSpec,
     req: Int8Request | None,
-) -> Any | None:
+) -> Calibrator | None:
     """Configure INT8 on `config`; returns the calibrator (keep it alive until the build returns)."""
     if not api.weakly_typed:
         return None  # strongly typed Q/DQ: precision is in the graph
@@ -128,7 +133,7 @@ def configure_int8(
     return calibrator
 
 
-def finish_int8(calibrator: Any | None, req: Int8Request | None, what: str = "the network") -> None:
+def finish_int8(calibrator: Calibrator | None, req: Int8Request | None, what: str = "the network") -> None:
     """Free the device buffer; surface a calibration error; fail when TensorRT neither fed a batch nor
     read a cache (no calibration happened); record what the calibration produced."""
     if calibrator is None or req is None:

@@ -35,12 +35,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 import numpy as np
 
 from engines.errors import BuildError, UnavailableError
 from engines.layer_info import BUILD_LOG_MARK
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
+    import tensorrt as trt
+
+    class TrtLogger(trt.ILogger):
+        """What TrtApi.logger() returns (its class, CaptureLogger, is made at run time on the module's
+        ILogger)."""
+
+        errors: list[str]  # messages logged at ERROR and INTERNAL_ERROR
+        layers_log: str | None  # the builder's DETAILED layer list, where it logs one
+
 
 log = logging.getLogger("engines.trt")
 
@@ -189,7 +200,7 @@ class TrtApi:
         return out
 
     # --- logging --------------------------------------------------------------------------
-    def logger(self) -> Any:
+    def logger(self) -> TrtLogger:
         """A TensorRT logger that forwards to Python logging and keeps errors for messages."""
         base = getattr(self.mod, "ILogger", object)
         severity = getattr(self.mod.ILogger, "Severity", None) if hasattr(self.mod, "ILogger") else None
@@ -216,7 +227,7 @@ class TrtApi:
         return CaptureLogger()
 
     # --- plugins --------------------------------------------------------------------------
-    def init_plugins(self, logger: Any) -> bool:
+    def init_plugins(self, logger: trt.ILogger) -> bool:
         """Register TensorRT's bundled plugins (EfficientNMS_TRT, BatchedNMS_TRT, ...) once per process and
         module, before any parse or deserialisation (as Polygraphy and trtexec do): without it an ONNX with
         plugin ops fails to parse and a plan with plugin layers fails to load in a fresh process.
@@ -240,7 +251,7 @@ class TrtApi:
     # --- network --------------------------------------------------------------------------
     def network_flags(self) -> int:
         flags = 0
-        ndcf = getattr(self.mod, "NetworkDefinitionCreationFlag", None)
+        ndcf: Any = getattr(self.mod, "NetworkDefinitionCreationFlag", None)
         # Required on TensorRT <= 9, ignored (deprecated) on 10, absent on 11 and RTX.
         if hasattr(ndcf, "EXPLICIT_BATCH"):
             flags |= 1 << int(ndcf.EXPLICIT_BATCH)
@@ -249,11 +260,11 @@ class TrtApi:
             flags |= 1 << int(ndcf.STRONGLY_TYPED)
         return flags
 
-    def parser_errors(self, parser: Any) -> list[str]:
+    def parser_errors(self, parser: trt.OnnxParser) -> list[str]:
         """Parser errors as text, naming node and op where the parser reports them."""
         out = []
         for i in range(parser.num_errors):
-            err = parser.get_error(i)
+            err = cast("trt.ParserError", parser.get_error(i))
             desc = err.desc() if hasattr(err, "desc") else str(err)
             node = err.node() if hasattr(err, "node") else -1
             parts = []
@@ -270,7 +281,7 @@ class TrtApi:
         return out
 
     # --- builder config -------------------------------------------------------------------
-    def set_workspace(self, config: Any, nbytes: int) -> None:
+    def set_workspace(self, config: trt.IBuilderConfig, nbytes: int) -> None:
         if hasattr(config, "set_memory_pool_limit") and self._has("MemoryPoolType", "WORKSPACE"):
             config.set_memory_pool_limit(self.mod.MemoryPoolType.WORKSPACE, int(nbytes))
         elif hasattr(config, "max_workspace_size"):  # TensorRT < 8.4
@@ -278,13 +289,13 @@ class TrtApi:
         else:
             self.fail_unavailable("a workspace limit")
 
-    def set_optimization_level(self, config: Any, level: int) -> None:
+    def set_optimization_level(self, config: trt.IBuilderConfig, level: int) -> None:
         if hasattr(config, "builder_optimization_level"):
             config.builder_optimization_level = int(level)
         elif level != 3:  # 3 is the default where the knob exists; older builders behave like it
             self.fail_unavailable(f"builder optimization level {level}")
 
-    def set_precision_flag(self, config: Any, precision: str) -> None:
+    def set_precision_flag(self, config: trt.IBuilderConfig, precision: str) -> None:
         """Weakly typed builders only: allow `precision` kernels (fp32 needs no flag)."""
         if precision == "fp32":
             return
@@ -293,7 +304,7 @@ class TrtApi:
             self.fail_unavailable(f"the {precision.upper()} builder flag")
         config.set_flag(flag)
 
-    def disallow_tf32(self, config: Any) -> bool:
+    def disallow_tf32(self, config: trt.IBuilderConfig) -> bool:
         """FP32 that is FP32: TensorRT allows TF32 (10-bit mantissa inner products) for FLOAT tensors by
         default on Ampere and later (Orin included). Returns True where the flag existed and was cleared."""
         flag = getattr(getattr(self.mod, "BuilderFlag", None), "TF32", None)
@@ -303,7 +314,7 @@ class TrtApi:
         return True
 
     # --- optimisation profiles ------------------------------------------------------------
-    def add_profile(self, config: Any, profile: Any, what: str) -> int:
+    def add_profile(self, config: trt.IBuilderConfig, profile: trt.IOptimizationProfile, what: str) -> int:
         """Add an optimisation profile; BuildError naming it when TensorRT refuses it (returns -1 for an
         invalid profile: shapes outside the network's dims, min > max, a missing input)."""
         index = config.add_optimization_profile(profile)
@@ -320,7 +331,7 @@ class TrtApi:
         "percentile": "IInt8LegacyCalibrator",  # quantile cut-off: the only percentile-style calibrator
     }
 
-    def calibrator_base(self, method: str) -> type:
+    def calibrator_base(self, method: str) -> type[trt.IInt8Calibrator]:
         """The TensorRT calibrator class implementing `method` (entropy | minmax | percentile)."""
         name = self._CALIBRATORS.get(method)
         if name is None:
@@ -329,9 +340,9 @@ class TrtApi:
             )
         if not self.has_int8_calibration or not hasattr(self.mod, name):
             self.fail_unavailable(f"INT8 calibration with {name} ({method})")
-        return getattr(self.mod, name)  # type: ignore[no-any-return]
+        return cast("type[trt.IInt8Calibrator]", getattr(self.mod, name))
 
-    def set_int8(self, config: Any, calibrator: Any | None) -> list[str]:
+    def set_int8(self, config: trt.IBuilderConfig, calibrator: trt.IInt8Calibrator | None) -> list[str]:
         """Weakly typed: INT8 + FP16 flags (FP16 is where unquantisable/kept layers fall back), and the
         calibrator (None for a Q/DQ network, whose scales are in the graph). Returns the flags set."""
         flags = self.mod.BuilderFlag
@@ -346,7 +357,7 @@ class TrtApi:
             config.int8_calibrator = calibrator
         return names
 
-    def set_calibration_profile(self, config: Any, profile: Any) -> bool:
+    def set_calibration_profile(self, config: trt.IBuilderConfig, profile: trt.IOptimizationProfile) -> bool:
         """Calibrate dynamic shapes at this profile's kOPT shape (TensorRT >= 7.1); False if unsupported.
         BuildError when TensorRT refuses the profile (it returns False for an invalid one)."""
         if not hasattr(config, "set_calibration_profile"):
@@ -359,7 +370,7 @@ class TrtApi:
 
     _CONSTRAINT_FLAGS = ("OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS")
 
-    def set_precision_constraints(self, config: Any, mode: str) -> str | None:
+    def set_precision_constraints(self, config: trt.IBuilderConfig, mode: str) -> str | None:
         """Make per-layer precisions binding: PREFER (warn and fall back when no kernel fits) or OBEY
         (fail the build). Before 8.2 only STRICT_TYPES exists. Exactly one of OBEY/PREFER ends up set
         (NvInfer.h: setting both is an error), so a second call replaces the first. Returns the flag set,
@@ -376,7 +387,7 @@ class TrtApi:
         log.warning("%s has no precision-constraint flag: per-layer precisions are hints only", self.label)
         return None
 
-    def network_layers(self, network: Any) -> tuple[list[LayerInfo], list[str]]:
+    def network_layers(self, network: trt.INetworkDefinition) -> tuple[list[LayerInfo], list[str]]:
         """(layers in network order, network output tensor names) as plain data for layer selection."""
         layers = []
         for i in range(network.num_layers):
@@ -403,19 +414,26 @@ class TrtApi:
         outs = [network.get_output(i).name for i in range(network.num_outputs)]
         return layers, outs
 
-    def constrain_layer(self, network: Any, index: int, precision: str) -> None:
-        """Run layer `index` in `precision` (fp16 | fp32), its float outputs in that type too."""
+    def constrain_layer(self, network: trt.INetworkDefinition, index: int, precision: str) -> None:
+        """Run layer `index` in `precision` (fp16 | fp32), its float outputs in that type too (integer and
+        BOOL outputs, e.g. of shape layers, keep theirs). Weakly typed TensorRT only: strongly typed
+        networks carry their precision in the graph."""
+        if not self.weakly_typed:
+            self.fail_unavailable("per-layer precision constraints")
         dtype = self.mod.DataType.HALF if precision == "fp16" else self.mod.DataType.FLOAT
         layer = network.get_layer(index)
         layer.precision = dtype
         for j in range(layer.num_outputs):
-            layer.set_output_type(j, dtype)
+            if _enum_name(layer.get_output(j).dtype) in _FLOATS:
+                layer.set_output_type(j, dtype)
 
-    def constrain_float_layer(self, network: Any, index: int) -> bool:
+    def constrain_float_layer(self, network: trt.INetworkDefinition, index: int) -> bool:
         """Run layer `index` in FP32 where it touches floats. A layer reading a float (a comparison whose
         output is BOOL included: it would otherwise be free to read FP16) computes in FLOAT; only its float
         outputs get an output type (BOOL and integer outputs keep theirs). Returns whether anything was
         constrained (layers on integers or booleans only are left alone)."""
+        if not self.weakly_typed:
+            self.fail_unavailable("per-layer precision constraints")
         layer = network.get_layer(index)
         reads_float = any(
             (t := layer.get_input(j)) is not None and _enum_name(t.dtype) in _FLOATS
@@ -448,7 +466,7 @@ class TrtApi:
         return None
 
     # --- layer information and per-layer times ----------------------------------------------
-    def set_profiling_verbosity(self, config: Any) -> str | None:
+    def set_profiling_verbosity(self, config: trt.IBuilderConfig) -> str | None:
         """Build with ProfilingVerbosity.DETAILED (layer names, types, precisions and tactics in the engine
         inspector, TensorRT >= 8.2 and RTX). Returns "detailed", or None where the knob does not exist."""
         if not (
@@ -492,7 +510,7 @@ class TrtApi:
         except Exception:  # no GPU / driver: no DLA either, never a failed probe
             return 0
 
-    def set_dla(self, builder: Any, config: Any, core: int) -> None:
+    def set_dla(self, builder: trt.Builder, config: trt.IBuilderConfig, core: int) -> None:
         """Run on DLA core `core`, with GPU fallback for layers DLA cannot run. The caller refuses what DLA
         cannot run at all (FP32, dynamic shapes) before this (engines.builder)."""
         if not self.has_dla:
@@ -508,7 +526,7 @@ class TrtApi:
             self.fail_unavailable("DLA GPU fallback")
         config.set_flag(self.mod.BuilderFlag.GPU_FALLBACK)
 
-    def dla_placement(self, network: Any, config: Any) -> tuple[int, int]:
+    def dla_placement(self, network: trt.INetworkDefinition, config: trt.IBuilderConfig) -> tuple[int, int]:
         """(layers DLA can run, layers that fall back to the GPU) for a DLA-configured build, from
         IBuilderConfig.can_run_on_DLA per layer: with GPU_FALLBACK every layer may silently go to the GPU."""
         on_dla = sum(1 for i in range(network.num_layers) if config.can_run_on_DLA(network.get_layer(i)))
@@ -524,7 +542,7 @@ class TrtApi:
                 out.append(f"{digits[:-1]}.{digits[-1]}")
         return sorted(out, key=lambda s: tuple(int(p) for p in s.split(".")))
 
-    def set_target_compute_capability(self, config: Any, cc: str | None) -> None:
+    def set_target_compute_capability(self, config: trt.IBuilderConfig, cc: str | None) -> None:
         """AOT target: `cc` ("8.6"), or None for the GPU present (CURRENT). No-op without AOT support."""
         if not self.aot_without_gpu:
             return
@@ -538,8 +556,10 @@ class TrtApi:
                     f"compute capability {cc} is not available on {self.flavor} {self.version} "
                     f"(targets: {', '.join(self.compute_capabilities())})"
                 )
-        config.num_compute_capabilities = 1
-        config.set_compute_capability(value, 0)
+        # TensorRT-RTX only (aot_without_gpu); TensorRT 10.13 has neither.
+        config.num_compute_capabilities = 1  # type: ignore[attr-defined]
+        if config.set_compute_capability(value, 0) is False:  # type: ignore[attr-defined]
+            raise BuildError(f"{self.label} refused target compute capability {cc or 'CURRENT'}")
 
     def progress_monitor(self, callback: ProgressCallback) -> Any | None:
         """An IProgressMonitor forwarding phase start/step/finish to callback, or None if absent."""
@@ -588,7 +608,9 @@ class TrtApi:
             "IBuilderConfig", "set_timing_cache"
         )
 
-    def attach_timing_cache(self, config: Any, data: bytes) -> tuple[Any, int, str]:
+    def attach_timing_cache(
+        self, config: trt.IBuilderConfig, data: bytes
+    ) -> tuple[trt.ITimingCache, int, str]:
         """Create a cache from `data` (may be empty) and attach it. Returns (cache, entries it holds, status):
         status "loaded" | "empty" | "unreadable" (TensorRT could not read `data`) | "mismatch"
         (set_timing_cache refused it: another TensorRT or device); the last two start from an empty cache,
@@ -614,7 +636,7 @@ class TrtApi:
                 status,
             )
 
-    def timing_cache_entries(self, cache: Any) -> int:
+    def timing_cache_entries(self, cache: trt.ITimingCache) -> int:
         # queryKeys (TensorRT >= 10) says whether a cache really holds timings; RTX's holds none.
         if not hasattr(cache, "queryKeys"):
             return -1  # unknown
@@ -625,7 +647,9 @@ class TrtApi:
                 log.warning("%s: cannot count timing cache entries: %s", self.label, e)
                 return -1
 
-    def merged_timing_cache(self, config: Any, cache: Any, on_disk: bytes) -> bytes:
+    def merged_timing_cache(
+        self, config: trt.IBuilderConfig, cache: trt.ITimingCache, on_disk: bytes
+    ) -> bytes:
         """Serialise `cache` merged with what another build saved meanwhile (whose timings are dropped,
         with a warning, when TensorRT cannot combine them: ours are the ones this build measured)."""
         with self._quiet():
