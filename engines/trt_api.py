@@ -695,7 +695,8 @@ class TrtApi:
 
     def _nptype(self, trt_dtype: Any) -> np.dtype:
         if hasattr(self.mod, "nptype"):
-            return np.dtype(self.mod.nptype(trt_dtype))
+            dtype: np.dtype = np.dtype(self.mod.nptype(trt_dtype))
+            return dtype
         names = {
             "FLOAT": np.float32,
             "HALF": np.float16,
