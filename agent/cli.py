@@ -296,7 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ins.add_argument("--root", default="/", help="stage the install under DIR instead of / (packaging)")
     ins.add_argument("--user", default="edge-agent", help="service user (default: edge-agent)")
-    ins.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    ins.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be done and what would be refused, change nothing",
+    )
     ins.set_defaults(func=cmd_install_service)
 
     fl = sub.add_parser("fleet", help="the agents on a broker (no fleet server: retained MQTT messages)")

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -21,6 +25,16 @@ UNIT_NAME = "edge-agent.service"
 TEMPLATE_EXEC = "/opt/edge-agent/.venv/bin/edge-agent"
 CONFIG = "/etc/edge-agent/agent.yaml"
 ENV_FILE = "/etc/edge-agent/edge-agent.env"
+HIDDEN_BY_PROTECT_HOME = ("/home/", "/root/", "/run/user/")
+MISSING_SYSTEMD_PYTHON = (
+    "systemd-python is missing in this venv: the Type=notify unit could not report READY. Install it first: "
+    "pip install 'edge-agent[systemd]' (it has no wheel: it builds with a C compiler, the Python headers, "
+    "libsystemd-dev and pkg-config), or make the venv with --system-site-packages over the distribution's "
+    "python3-systemd (README: Running as a service)"
+)
+FIX_VENV = (
+    "install into a venv under /opt made from the distribution's python3 (README: Running as a service)"
+)
 
 ENV_TEXT = """\
 # Secrets for ${VAR} references in agent.yaml, one KEY=value per line (systemd EnvironmentFile=).
@@ -104,6 +118,84 @@ def _ids_in(passwd: Path, group: Path, user: str) -> tuple[int, int] | None:
     return int(users[user][2]), int(groups[user][2])
 
 
+@dataclass(frozen=True)
+class ServiceUser:
+    """Whom systemd runs the unit as, for permission checks; uid None while the user is yet to be made."""
+
+    name: str
+    uid: int | None
+    gids: frozenset[int]
+
+    def may(self, st: os.stat_result, bit: int) -> bool:
+        """The kernel's mode check for `bit` (stat.S_IXOTH or S_IROTH): the owner's, the group's or the
+        others' bits, whichever class applies first. ACLs are not read."""
+        if self.uid is not None and st.st_uid == self.uid:
+            return bool(st.st_mode & (bit << 6))
+        if st.st_gid in self.gids:
+            return bool(st.st_mode & (bit << 3))
+        return bool(st.st_mode & bit)
+
+
+PIP_SH_EXEC = "'''exec' "  # second line of pip's `#!/bin/sh` scripts, for a Python path #! cannot hold
+
+
+def interpreter_of(executable: Path) -> Path | None:
+    """The interpreter a script's "#!" line names (pip's console scripts), None for a binary."""
+    try:
+        with open(executable, "rb") as f:
+            head = f.read(4096).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith("#!"):
+        return None
+    words = head[0][2:].split()
+    if words == ["/bin/sh"] and len(head) > 1 and head[1].startswith(PIP_SH_EXEC):
+        words = shlex.split(head[1][len(PIP_SH_EXEC) :])
+    return Path(words[0]) if words else None
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{path} ({stat.filemode(st.st_mode)} {owner}:{group})"
+
+
+def _hops(path: Path) -> list[Path]:
+    """`path`, each path its symlinks lead to (a venv's bin/python -> python3 -> /usr/bin/python3 ...),
+    and where it resolves to in the end."""
+    hops = [path]
+    while hops[-1].is_symlink() and len(hops) < 40:  # 40: the kernel's limit too
+        hops.append(hops[-1].parent / os.readlink(hops[-1]))
+    return [*hops, Path(os.path.realpath(path))]
+
+
+def exec_denied(path: Path, user: ServiceUser, script: bool) -> str | None:
+    """Why `user` could not execute `path` (nor read it, for a script), or None. Every directory on the
+    way counts, for each symlink followed, as the kernel walks them."""
+    hops = _hops(path)
+    real = hops[-1]
+    for d in dict.fromkeys(d for hop in hops for d in reversed(hop.parents)):
+        try:
+            st = d.stat()
+        except OSError as exc:
+            return f"{d}: {exc.strerror}"
+        if not user.may(st, stat.S_IXOTH):
+            return f"{user.name} cannot enter {_describe(d, st)}"
+    try:
+        st = real.stat()
+    except OSError as exc:
+        return f"{real}: {exc.strerror}"
+    if not user.may(st, stat.S_IXOTH) or (script and not user.may(st, stat.S_IROTH)):
+        return f"{user.name} cannot {'read and ' if script else ''}execute {_describe(real, st)}"
+    return None
+
+
 class Installer:
     def __init__(
         self,
@@ -135,21 +227,54 @@ class Installer:
         self._write(unit, render_unit(self.executable), 0o644, None, keep=False)
 
     def _check(self) -> None:
+        """Refuse what could not work under the unit; a dry run shows the plan and what would be refused."""
         if not self.staged and os.geteuid() != 0 and not self.dry_run:
             raise InstallError("installing the service needs root (sudo), or --root DIR to stage it")
-        exe = str(self.executable)
-        if exe.startswith(("/home/", "/root/", "/run/user/")):
-            raise InstallError(
-                f"{exe}: the unit has ProtectHome=yes, which hides this path from the service; "
-                "install into a venv under /opt (README: Running as a service)"
-            )
+        problems = self.problems()
+        if problems and not self.dry_run:
+            raise InstallError("\n".join(problems))
+        for problem in problems:
+            self.say(f"refused without --dry-run: {problem}")
+
+    def problems(self) -> list[str]:
+        """What would make the service fail at start: ExecStart or its interpreter hidden by ProtectHome=
+        or not executable by the service user (both: status=203/EXEC, Permission denied), or systemd-python
+        missing (a Type=notify unit that cannot notify is killed after TimeoutStartSec)."""
+        exe = self.executable
+        interpreter = interpreter_of(exe)
+        paths = [exe] if interpreter is None else [exe, interpreter]
+        found: list[str] = []
+        for path in paths:
+            real = os.path.realpath(path)
+            if str(path).startswith(HIDDEN_BY_PROTECT_HOME):
+                why = "the unit has ProtectHome=yes, which hides this path from the service"
+            elif real.startswith(HIDDEN_BY_PROTECT_HOME):
+                why = f"it resolves to {real}, which the unit's ProtectHome=yes hides from the service"
+            else:
+                why = exec_denied(path, self._service_user(), script=path == exe and interpreter is not None)
+            if why is not None:
+                found.append(f"{path}: {why} (systemd: status=203/EXEC, Permission denied); {FIX_VENV}")
+                break  # the first that could not start is enough to say
         try:
             import systemd.daemon  # noqa: F401
         except ImportError:
-            raise InstallError(
-                "systemd-python is missing in this venv: the Type=notify unit could not report READY. "
-                "Install it first: pip install 'edge-agent[systemd]' (needs libsystemd-dev, pkg-config)"
-            ) from None
+            found.append(MISSING_SYSTEMD_PYTHON)
+        return found
+
+    def _service_user(self) -> ServiceUser:
+        """The user as the unit runs it: its groups plus video (SupplementaryGroups=). Before useradd, the
+        groups it will be given only (its own group does not exist yet)."""
+        etc = self.path("/etc")
+        try:
+            lines = (etc / "group").read_text().splitlines()
+        except OSError:
+            lines = []
+        groups = [f for f in (line.split(":") for line in lines) if len(f) > 3]
+        gids = {int(f[2]) for f in groups if f[0] in ("video", "render") or self.user in f[3].split(",")}
+        ids = _ids_in(etc / "passwd", etc / "group", self.user)
+        if ids is None:
+            return ServiceUser(self.user, None, frozenset(gids))
+        return ServiceUser(self.user, ids[0], frozenset(gids | {ids[1]}))
 
     def _user(self) -> tuple[int, int] | None:
         etc = self.path("/etc")
