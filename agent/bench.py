@@ -5,6 +5,7 @@
     edge-agent bench --engine ort --streams 4 --batch 1,4         # ONNX Runtime vs its bare loop
     edge-agent bench --resolution 1920x1080 --preprocess gpu --streams 16 --batch 8   # a GPU box
     edge-agent bench --rtsp 'rtsp://127.0.0.1:8554/cam{i}' --streams 4   # tools/rtsp_server.py --mounts 4
+    edge-agent bench --sections sweep --decode --streams 6 --batch 8 --flap 1   # isolation: a flapping camera
 
 Sections (`--sections`, all by default):
 - stages: each stage of one frame at a time on the bundled clip with ONNX Runtime (decode, preprocess,
@@ -17,7 +18,10 @@ Sections (`--sections`, all by default):
   busy time (device time), process CPU per frame, a timeline (throughput, age p95, RSS) for growth.
   The engine is the simulated one (--engine sim: NanoDet outputs recorded with ONNX Runtime, replayed
   with a fixed --engine-ms per batch that releases the GIL, --slots batches at once) or ONNX Runtime
-  itself (--engine ort, with its bare infer loop at the same batch as the baseline).
+  itself (--engine ort, with its bare infer loop at the same batch as the baseline). With camera readers
+  each run also has `startup` (seconds from start to each camera streaming) and `camera_fps` (each
+  camera's own delivered rate); with --flap K each point runs twice, without and with K cameras whose
+  RTSP source drops them every --flap-every s, and `isolation` compares the steady cameras' share.
 
 Writes bench.json and bench.png (throughput vs streams, latency vs batch; needs matplotlib) in --out and
 prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's dependencies are missing.
@@ -26,11 +30,14 @@ prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from agent.bench_args import BenchOptions, add_arguments, options_from_args
-from agent.bench_load import LoopedClip, Readers, RunSpec, measure, read_clip
+from agent.bench_load import LoopedClip, Readers, RunSpec, measure, measure_readers, read_clip
 from agent.bench_plot import plot
 from agent.results import detection_fields
 from agent.topics import payload
@@ -79,6 +86,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     try:
         if "stages" in opts.sections:
             report.update(_stages(opts, ort, adapter, labels))
+        if "readers" in opts.sections:
+            report["readers"] = _readers(opts)
         if "overhead" in opts.sections or "sweep" in opts.sections:
             images = read_clip(opts.clip, max(opts.clip_frames, RECORDED_FRAMES), opts.resolution)
             recorded = [ort.infer(adapter.preprocess([im])[0]) for im in images[:RECORDED_FRAMES]]
@@ -92,6 +101,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             report["engine"] = _engine_description(opts)
             bare = ort if opts.engine == "ort" else None
             report["runs"] = _sweep(opts, input_spec, recorded, adapter, labels, images, bare)
+            if opts.flap:
+                report["isolation"] = _isolation(report["runs"], opts)
     finally:
         ort.close()
     report["summary"] = summary(report)
@@ -255,6 +266,24 @@ def _bare_loop(
     return n / (time.perf_counter() - t0)
 
 
+def _readers(opts: BenchOptions) -> list[dict[str, Any]]:
+    """The readers section: every --streams count of camera readers alone (the clip's file, or --rtsp)."""
+    out = []
+    for streams in opts.streams:
+        run_spec = RunSpec(streams, 0, opts.fps, opts.warmup_s, opts.duration_s)
+        run = measure_readers(run_spec, _sources(replace(opts, decode=True), []))
+        up, fps = run["startup"], run["camera_fps"]
+        print(
+            f"bench: {streams} readers ({opts.decoder}): {run['offered_fps']} fps in all, per camera "
+            f"{fps['min']}-{fps['max']} fps, all streaming {up['all_streaming_s']} s after start, "
+            f"{run['cpu_ms_per_frame']} ms CPU per frame",
+            file=sys.stderr,
+            flush=True,
+        )
+        out.append(run)
+    return out
+
+
 def _engine_description(opts: BenchOptions) -> dict[str, Any]:
     if opts.engine == "ort":
         return {"kind": "onnxruntime", "threads": opts.threads}
@@ -274,34 +303,97 @@ def _sweep(
     before and right after each run (the machine's load drifts), and the run compared with their mean."""
     images, keep = _placed(opts, images)
     runs = []
-    try:
-        for batch in opts.batch:
-            for streams in opts.streams:
-                run_spec = RunSpec(
-                    streams,
-                    batch,
-                    opts.fps,
-                    opts.warmup_s,
-                    opts.duration_s,
-                    opts.iterations,
-                    opts.max_age_ms,
-                    opts.window_s,
-                )
-                seconds = max(3.0, opts.duration_s / 3)
-                before = _bare_loop(bare, adapter, images, batch, seconds) if bare is not None else None
-                backend = _backend(opts, spec, recorded)
-                gpu = _gpu() if opts.preprocess == "gpu" else None
-                run = measure(run_spec, backend, adapter, labels, _sources(opts, images), gpu)
-                if bare is not None and before is not None:
-                    after = _bare_loop(bare, adapter, images, batch, seconds)
-                    run["bare_loop_fps"] = [round(before, 2), round(after, 2)]
-                    run["vs_bare_loop"] = round(2 * run["processed_fps"] / (before + after), 3)
-                print(_run_line(run), file=sys.stderr, flush=True)
-                runs.append(run)
-    finally:
-        for buf in keep:
-            buf.free()
+    with _flapping_sources(opts) as variants:
+        try:
+            for batch in opts.batch:
+                for streams in opts.streams:
+                    for variant, extra_url in variants:
+                        run_spec = RunSpec(
+                            streams,
+                            batch,
+                            opts.fps,
+                            opts.warmup_s,
+                            opts.duration_s,
+                            opts.iterations,
+                            opts.max_age_ms,
+                            opts.window_s,
+                            opts.flap if extra_url else 0,
+                        )
+                        run = _point(opts, run_spec, spec, recorded, adapter, labels, images, bare, extra_url)
+                        run["variant"] = variant
+                        print(_run_line(run), file=sys.stderr, flush=True)
+                        runs.append(run)
+        finally:
+            for buf in keep:
+                buf.free()
     return runs
+
+
+def _point(
+    opts: BenchOptions,
+    run_spec: RunSpec,
+    spec: TensorSpec,
+    recorded: list[dict[str, np.ndarray]],
+    adapter: ModelAdapter,
+    labels: list[str],
+    images: list[np.ndarray],
+    bare: OrtBackend | None,
+    flap_url: str | None,
+) -> dict[str, Any]:
+    """One measured run; with ONNX Runtime, between two runs of its bare loop."""
+    seconds = max(3.0, opts.duration_s / 3)
+    batch = run_spec.batch
+    before = _bare_loop(bare, adapter, images, batch, seconds) if bare is not None else None
+    backend = _backend(opts, spec, recorded)
+    gpu = _gpu() if opts.preprocess == "gpu" else None
+    run = measure(run_spec, backend, adapter, labels, _sources(opts, images, flap_url), gpu)
+    run["flap"] = run_spec.flap
+    if bare is not None and before is not None:
+        after = _bare_loop(bare, adapter, images, batch, seconds)
+        run["bare_loop_fps"] = [round(before, 2), round(after, 2)]
+        run["vs_bare_loop"] = round(2 * run["processed_fps"] / (before + after), 3)
+    return run
+
+
+# Isolation variants of each point: the steady cameras alone; beside K more RTSP cameras that stay up (the
+# control: what K more cameras cost on this machine); beside K cameras whose source drops them every few s.
+VARIANTS = ("without", "control", "flapping")
+
+
+@contextlib.contextmanager
+def _flapping_sources(opts: BenchOptions) -> Iterator[list[tuple[str, str | None]]]:
+    """--flap: two RTSP servers (tools/annexb_rtsp_server.py) serving the clip, one of them dropping every
+    client after --flap-every seconds; yields (variant, URL of the K extra cameras or None) to run."""
+    if not opts.flap:
+        yield [("without", None)]
+        return
+    script = Path(__file__).resolve().parents[1] / "tools" / "annexb_rtsp_server.py"
+    if not script.is_file():
+        raise RuntimeError(f"--flap needs {script} (run the bench from a repository checkout)")
+    stream = opts.clip
+    if stream.suffix.lower() not in (".h264", ".264", ".h265", ".265", ".hevc"):
+        opts.out.mkdir(parents=True, exist_ok=True)
+        stream = opts.out / f"{opts.clip.stem}.h264"
+        cmd = [sys.executable, str(script), "--from-mp4", str(opts.clip), "--write-annexb", str(stream)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    servers = []
+    try:
+        urls = []
+        for close_after in (0.0, opts.flap_every_s):
+            cmd = [sys.executable, str(script), str(stream), "--port", "0", "--fps", f"{opts.fps:g}"]
+            cmd += ["--close-after", f"{close_after:g}"]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            servers.append(proc)
+            out = proc.stdout
+            port = out.readline().strip() if out is not None else ""  # its first line; "" when it exited
+            if not port.isdigit():
+                raise RuntimeError(f"an RTSP server for --flap did not start: {' '.join(cmd)}")
+            urls.append(f"rtsp://127.0.0.1:{port}/extra")
+        yield list(zip(VARIANTS, [None, *urls], strict=True))
+    finally:
+        for proc in servers:
+            proc.kill()
+            proc.wait(10)
 
 
 def _placed(opts: BenchOptions, images: list[np.ndarray]) -> tuple[list[np.ndarray], list[Any]]:
@@ -338,14 +430,18 @@ def _gpu() -> Any:
     return GpuLetterbox()
 
 
-def _sources(opts: BenchOptions, images: list[np.ndarray]) -> Any:
+def _sources(opts: BenchOptions, images: list[np.ndarray], flap_url: str | None = None) -> Any:
     def make(slots: list[tuple[str, FrameSlot]]) -> LoopedClip | Readers:
         if opts.rtsp is None and not opts.decode:
             return LoopedClip(images, slots, opts.fps)
         specs = []
-        for i, (cam, _) in enumerate(slots):
-            if opts.rtsp is not None:
-                specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(i + 1)), fps=opts.fps))
+        steady = 0
+        for cam, _ in slots:
+            if cam.startswith("flap") and flap_url is not None:
+                specs.append(SourceSpec(camera=cam, url=flap_url, fps=opts.fps))
+            elif opts.rtsp is not None:
+                steady += 1
+                specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(steady)), fps=opts.fps))
             else:
                 specs.append(SourceSpec(camera=cam, url=str(opts.clip), fps=opts.fps, loop=True))
         return Readers(specs, [s for _, s in slots], opts.decoder)
@@ -368,12 +464,60 @@ def _pct(samples: list[float]) -> dict[str, float | int | None]:
 
 def _run_line(run: dict[str, Any]) -> str:
     lat = run["latency_ms"]
-    return (
-        f"bench: {run['streams']:>2} streams, batch <= {run['batch']}: offered {run['offered_fps']:.1f} fps, "
-        f"processed {run['processed_fps']:.1f} ({100 * (run['processed_ratio'] or 0):.1f} %), "
+    flap = f" + {run['flap']} {run['variant']}" if run.get("flap") else ""
+    line = (
+        f"bench: {run['streams']:>2} streams{flap}, batch <= {run['batch']}: "
+        f"offered {run['offered_fps']:.1f} fps, processed {run['processed_fps']:.1f} "
+        f"({100 * (run['processed_ratio'] or 0):.1f} %), "
         f"age p50/p95/p99 {lat['p50']}/{lat['p95']}/{lat['p99']} ms, "
         f"mean batch {run['mean_batch']}, CPU {run['cpu_ms_per_frame']} ms/frame"
     )
+    if run.get("camera_fps"):
+        up = run["startup"]
+        line += (
+            f"; per camera {run['camera_fps']['min']}-{run['camera_fps']['max']} fps, all streaming "
+            f"{up['all_streaming_s']} s after start"
+        )
+    if run.get("steady") and run.get("flap"):
+        st = run["steady"]
+        line += (
+            f"; steady cameras {st['processed_fps']} fps processed, age p99 {st['latency_ms']['p99']} ms, "
+            f"{run['flap_reconnects']} reconnects of the {run['variant']} ones"
+        )
+    return line
+
+
+def _isolation(runs: list[dict[str, Any]], opts: BenchOptions) -> list[dict[str, Any]]:
+    """Each point's steady cameras alone, beside K cameras that stay up (control), and beside K that flap:
+    what the flapping costs them is `vs_control` (`vs_without` adds the load of K more cameras)."""
+    out = []
+    for without, control, flapping in zip(runs[0::3], runs[1::3], runs[2::3], strict=True):
+        trio = (without, control, flapping)
+        steady = {name: run["steady"] for name, run in zip(VARIANTS, trio, strict=True)}
+        out.append(
+            {
+                "streams": without["streams"],
+                "batch": without["batch"],
+                "flap": opts.flap,
+                "flap_every_s": opts.flap_every_s,
+                "flap_reconnects": flapping["flap_reconnects"],
+                **steady,
+                "vs_control": _delta(steady["control"], steady["flapping"]),
+                "vs_without": _delta(steady["without"], steady["flapping"]),
+            }
+        )
+    return out
+
+
+def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
+    """Steady cameras' processed frames (relative change) and frame age p99 (ms) from run a to run b."""
+    pa, pb = a["latency_ms"]["p99"], b["latency_ms"]["p99"]
+    return {
+        "processed_change": round(b["processed_fps"] / a["processed_fps"] - 1, 4)
+        if a["processed_fps"]
+        else None,
+        "age_p99_delta_ms": round(pb - pa, 2) if pa is not None and pb is not None else None,
+    }
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -416,6 +560,31 @@ def summary(report: dict[str, Any]) -> str:
         grew = _growth(best)
         if grew:
             parts.append(" " + grew)
+        if best.get("camera_fps"):
+            up = best["startup"]
+            parts.append(
+                f" Each camera delivered {best['camera_fps']['min']}-{best['camera_fps']['max']} fps; all "
+                f"{up['cameras']} were streaming {up['all_streaming_s']} s after start."
+            )
+    for iso in report.get("isolation") or []:
+        ctl, alone = iso["vs_control"], iso["vs_without"]
+        p99 = [iso[v]["latency_ms"]["p99"] for v in ("without", "control", "flapping")]
+        parts.append(
+            f" Isolation, {iso['streams']} steady cameras beside {iso['flap']} whose source drops them "
+            f"every {iso['flap_every_s']:g} s ({iso['flap_reconnects']} reconnects): against {iso['flap']} "
+            f"that stay up, steady frames processed {100 * (ctl['processed_change'] or 0):+.2f} %, "
+            f"frame age p99 {ctl['age_p99_delta_ms']:+} ms; against none, "
+            f"{100 * (alone['processed_change'] or 0):+.2f} % "
+            f"and {alone['age_p99_delta_ms']:+} ms (p99 alone / control / flapping: {p99[0]} / {p99[1]} / "
+            f"{p99[2]} ms)."
+        )
+    for run in report.get("readers") or []:
+        fps, up = run["camera_fps"], run["startup"]
+        parts.append(
+            f" {run['streams']} camera readers alone ({report['options']['decoder'].upper()} decoding): "
+            f"{fps['min']}-{fps['max']} fps each (nominal {report['options']['fps']:g}), all streaming "
+            f"{up['all_streaming_s']} s after start, {run['cpu_ms_per_frame']} ms CPU per frame."
+        )
     if "overhead_ms" in report:
         o = report["overhead_ms"]
         each = ", ".join(

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-SECTIONS = ("stages", "overhead", "sweep")
+SECTIONS = ("stages", "overhead", "sweep")  # the default
+KNOWN_SECTIONS = (*SECTIONS, "readers")
 
 
 @dataclass
@@ -41,12 +42,19 @@ class BenchOptions:
     iterations: int | None = None
     max_age_ms: float = 500.0
     window_s: float = 10.0
+    flap: int = 0  # isolation: cameras whose source drops them every flap_every_s, beside the steady ones
+    flap_every_s: float = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench options (the CLI's `bench` subcommand and `python -m agent.bench`)."""
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    p.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"any of {', '.join(KNOWN_SECTIONS)} (default: {', '.join(SECTIONS)}); readers: camera readers"
+        " alone, no model (per-camera rate, start-up time)",
+    )
     p.add_argument("--model", type=Path, default=BenchOptions.model, help="ONNX model (default: bundled)")
     p.add_argument("--format", default="nanodet", help="its output layout (nanodet, yolov8, ...)")
     p.add_argument("--labels", type=Path, default=BenchOptions.labels)
@@ -89,19 +97,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, help="end each window after this many frames instead")
     p.add_argument("--max-age-ms", type=float, default=500.0, help="drop frames older than this (0: never)")
     p.add_argument("--window", type=float, default=10.0, help="timeline granularity, seconds")
+    p.add_argument(
+        "--flap",
+        type=int,
+        default=0,
+        help="isolation: also run each point with K more cameras whose RTSP source (tools/annexb_rtsp_server"
+        ".py --close-after) drops them every --flap-every s, and report the steady cameras with and without"
+        " them (needs --decode or --rtsp)",
+    )
+    p.add_argument("--flap-every", type=float, default=2.0, help="seconds between drops")
     p.add_argument("--log-level", default="warning")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    unknown = sorted(set(sections) - set(SECTIONS))
+    unknown = sorted(set(sections) - set(KNOWN_SECTIONS))
     if unknown:
-        raise ValueError(f"--sections: unknown {unknown} (known: {', '.join(SECTIONS)})")
+        raise ValueError(f"--sections: unknown {unknown} (known: {', '.join(KNOWN_SECTIONS)})")
     engine = args.engine or "sim"
     if args.engine_ms is not None and engine != "sim":
         raise ValueError("--engine-ms is for the simulated engine (--engine sim)")
     if args.preprocess == "gpu" and engine != "sim":
         raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
+    if args.flap < 0 or args.flap_every <= 0:
+        raise ValueError("--flap must be >= 0 and --flap-every > 0")
+    if args.flap and not (args.decode or args.rtsp or args.decoder != "cpu"):
+        raise ValueError("--flap compares camera readers: give --decode (file readers) or --rtsp")
     resolution = None
     if args.resolution:
         w, _, h = args.resolution.lower().partition("x")
@@ -133,6 +154,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         iterations=args.iterations,
         max_age_ms=args.max_age_ms,
         window_s=args.window,
+        flap=args.flap,
+        flap_every_s=args.flap_every,
     )
 
 

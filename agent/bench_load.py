@@ -2,10 +2,14 @@
 
 Streams are either looped copies of a clip decoded once into memory and put into the worker's slots at
 `fps` each by one clock thread (the agent's own cost, without decoding), or real camera readers
-(`CameraReader`: the clip decoded by FFmpeg per stream, or RTSP streams). A run warms up, then measures a
-window: frames offered / processed, frame age at delivery (capture -> results handed to the sinks, the
-payload built as the daemon builds it), per-stage times, engine time, process CPU per frame, and a
-timeline (throughput, age p95, RSS per window) that shows growth over long runs.
+(`CameraReader`: the clip decoded per stream, or RTSP streams). A run warms up, then measures a window:
+frames offered / processed, frame age at delivery (capture -> results handed to the sinks, the payload
+built as the daemon builds it), per-stage times, engine time, process CPU per frame, and a timeline
+(throughput, age p95, RSS per window) that shows growth over long runs. With readers also: the time from
+start to each camera streaming, and each camera's own delivered rate.
+
+Isolation (`RunSpec.flap`): besides the `streams` steady cameras, `flap` cameras whose source drops them
+every few seconds; the steady cameras' own throughput and frame age are reported apart (``steady``).
 """
 
 from __future__ import annotations
@@ -94,6 +98,24 @@ class Readers:
         self._readers: list[CameraReader] = [
             open_reader(s, slot, None, decoder=decoder) for s, slot in zip(specs, slots, strict=True)
         ]
+        self.started: float | None = None
+
+    def startup(self) -> dict[str, Any]:
+        """Seconds from start() to each camera's first frame: first, median, last (None until all stream)."""
+        t0 = self.started or 0.0
+        times = sorted(r.streaming_at - t0 for r in self._readers if r.streaming_at is not None)
+        everyone = len(times) == len(self._readers)
+        return {
+            "cameras": len(self._readers),
+            "streaming": len(times),
+            "first_s": round(times[0], 3) if times else None,
+            "median_s": round(times[len(times) // 2], 3) if times else None,
+            "all_streaming_s": round(times[-1], 3) if everyone else None,
+        }
+
+    def per_camera(self) -> dict[str, tuple[int, int]]:
+        """Camera -> (frames handed over, reconnects) so far."""
+        return {r.spec.camera: (r.frames_in, r.reconnects) for r in self._readers}
 
     def decode_stats(self) -> dict[str, float]:
         """NVDEC sessions' totals: packets, pictures, errors, host seconds inside Decode()."""
@@ -114,6 +136,7 @@ class Readers:
         return out
 
     def start(self) -> None:
+        self.started = time.monotonic()
         for r in self._readers:
             r.start()
 
@@ -138,6 +161,7 @@ class RunSpec:
     iterations: int | None = None  # stop the window after this many processed frames instead
     max_age_ms: float = 500.0
     window_s: float = 10.0  # timeline granularity
+    flap: int = 0  # cameras beside the steady ones whose source drops them every few seconds (flapNN)
 
 
 @dataclass
@@ -147,12 +171,13 @@ class _Record:
     from the agent's own."""
 
     t: array[float] = field(default_factory=lambda: array("d"))
+    cam: array[int] = field(default_factory=lambda: array("H"))  # index of the frame's camera
     stages: dict[str, array[float]] = field(default_factory=lambda: {s: array("d") for s in STAGES})
     gpu_ms: array[float] = field(default_factory=lambda: array("d"))
 
     @property
     def mb(self) -> float:
-        arrays = [self.t, self.gpu_ms, *self.stages.values()]
+        arrays = [self.t, self.cam, self.gpu_ms, *self.stages.values()]
         return sum(a.itemsize * len(a) for a in arrays) / 2**20
 
 
@@ -181,6 +206,8 @@ def measure(
     """One run: `spec.streams` streams into a worker of batch `spec.batch` on `backend`; its report."""
     rec = _Record()
     measuring = threading.Event()
+    names = [f"cam{i:02d}" for i in range(spec.streams)] + [f"flap{i:02d}" for i in range(spec.flap)]
+    index = {name: i for i, name in enumerate(names)}
 
     def sink(result: Result) -> None:
         body = payload("detections", **detection_fields(result, labels))  # what the daemon publishes
@@ -191,6 +218,7 @@ def measure(
         lat = stage_latencies_ms(frame)
         lat["publish"] = (frame.stamps["published"] - frame.stamps["postprocessed"]) * 1000.0
         rec.t.append(frame.stamps["published"])
+        rec.cam.append(index[frame.camera])
         for stage in STAGES:
             if stage in lat:
                 rec.stages[stage].append(lat[stage])
@@ -207,9 +235,8 @@ def measure(
         gpu_preprocess=gpu,
     )
     routes = []
-    for i in range(spec.streams):
-        slot = worker.new_slot()
-        routes.append(CameraRoute(f"cam{i:02d}", slot, None, 0.4))
+    for name in names:
+        routes.append(CameraRoute(name, worker.new_slot(), None, 0.4))
         worker.add_camera(routes[-1])
     sources = make_sources([(r.name, r.slot) for r in routes])
     proc = psutil.Process()
@@ -230,6 +257,7 @@ def measure(
         cpu0 = proc.cpu_times()
         threads0 = _thread_cpu(proc)
         stage_cpu0 = dict(worker.cpu_s)
+        cams0 = sources.per_camera() if isinstance(sources, Readers) else None
         t0 = time.monotonic()
         measuring.set()
         timeline = _watch(spec, worker, sources, proc, t0, frames0, rec)
@@ -248,6 +276,7 @@ def measure(
         busy = getattr(backend, "busy_s", 0.0) - busy0
         decode = _decode_window(sources, dec0, elapsed)
         by_stage = _by_stage(stage_cpu0, stage_cpu1, sources, dec0, frames)
+        cameras = _cameras(sources, cams0, elapsed)
     finally:
         sources.stop()
         worker.stop(timeout=10)
@@ -278,6 +307,40 @@ def measure(
         "cpu_ms_per_frame_by_stage": by_stage,
         "decode": decode,
         "timeline": timeline,
+        **cameras,
+        **({"steady": _steady(rec, spec, elapsed, cameras)} if cameras else {}),
+    }
+
+
+def measure_readers(
+    spec: RunSpec, make_sources: Callable[[list[tuple[str, FrameSlot]]], LoopedClip | Readers]
+) -> dict[str, Any]:
+    """Camera readers alone (no model): start-up to streaming, each camera's delivered rate, CPU per frame.
+    What the readers can do on this machine, apart from the pipeline that shares its cores."""
+    sources = make_sources([(f"cam{i:02d}", FrameSlot()) for i in range(spec.streams)])
+    if not isinstance(sources, Readers):
+        raise ValueError("the readers section needs camera readers (--decode or --rtsp)")
+    proc = psutil.Process()
+    sources.start()
+    try:
+        time.sleep(spec.warmup_s)
+        cams0, offered0, cpu0 = sources.per_camera(), sources.offered, proc.cpu_times()
+        t0 = time.monotonic()
+        time.sleep(spec.duration_s)
+        elapsed = time.monotonic() - t0
+        cpu1, offered = proc.cpu_times(), sources.offered - offered0
+        cameras = _cameras(sources, cams0, elapsed)
+    finally:
+        sources.stop()
+    cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    return {
+        "streams": spec.streams,
+        "seconds": round(elapsed, 2),
+        "offered_fps": round(offered / elapsed, 2),
+        "nominal_fps": round(spec.streams * spec.fps, 2),
+        "cpu_ms_per_frame": round(cpu_s * 1000.0 / offered, 3) if offered else None,
+        "cpu_percent": round(100.0 * cpu_s / elapsed, 1),
+        **cameras,
     }
 
 
@@ -402,3 +465,38 @@ def _add_age_p95(windows: list[dict[str, float]], rec: _Record, t0: float) -> No
         sel = age[(at >= lo) & (at < w["t_s"])]
         w["age_p95_ms"] = round(float(np.percentile(sel, 95)), 2) if sel.size else None
         lo = w["t_s"]
+
+
+def _cameras(
+    sources: LoopedClip | Readers, before: dict[str, tuple[int, int]] | None, elapsed: float
+) -> dict:
+    """Readers: start-up to streaming, and each camera's delivered rate in the window (min/median/max)."""
+    if not isinstance(sources, Readers) or before is None:
+        return {}
+    after = sources.per_camera()
+    steady = sorted((after[c][0] - before[c][0]) / elapsed for c in after if c.startswith("cam"))
+    flapping = [c for c in after if c.startswith("flap")]
+    return {
+        "startup": sources.startup(),
+        "camera_fps": {
+            "min": round(steady[0], 2),
+            "median": round(steady[len(steady) // 2], 2),
+            "max": round(steady[-1], 2),
+        }
+        if steady
+        else None,
+        "flap_reconnects": sum(after[c][1] - before[c][1] for c in flapping) if flapping else None,
+    }
+
+
+def _steady(rec: _Record, spec: RunSpec, elapsed: float, cameras: dict) -> dict[str, Any]:
+    """The steady cameras' own share of the run: what a flapping neighbour must not take from them."""
+    cam = np.asarray(rec.cam)
+    mine = cam < spec.streams
+    age = np.asarray(rec.stages["total"])[mine]
+    return {
+        "cameras": spec.streams,
+        "processed_fps": round(int(mine.sum()) / elapsed, 2),
+        "latency_ms": _pct(age.tolist()),
+        "camera_fps": cameras.get("camera_fps"),
+    }

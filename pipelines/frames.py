@@ -14,7 +14,7 @@ STAGES = ("captured", "dequeued", "preprocessed", "submitted", "inferred", "post
 
 
 class DeviceImage(Protocol):
-    """A picture in device memory (pipelines.sources.nvdec.DeviceNv12): size like an image, pixels on request."""
+    """A picture in device memory (pipelines.sources.nvdec.DeviceNv12): an image's size, pixels on request."""
 
     @property
     def shape(self) -> tuple[int, int, int]: ...

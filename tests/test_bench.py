@@ -69,3 +69,32 @@ def test_bad_options_are_usage_errors() -> None:
     assert done.returncode == 2 and "--engine-ms is for the simulated engine" in done.stderr
     done = run_cli("bench", "--streams", "0", timeout=60)
     assert done.returncode == 2 and "--streams: expected positive integers" in done.stderr
+
+
+def test_readers_startup_and_isolation_report(tmp_path: Path) -> None:
+    """Camera readers: start-up to streaming and each camera's rate; --flap: each point alone, beside cameras
+    that stay up (control) and beside cameras whose source drops them (tools/annexb_rtsp_server.py)."""
+    out = tmp_path / "b"
+    args = ["bench", "--out", str(out), "--sections", "readers,sweep", "--decode", "--streams", "2"]
+    args += ["--batch", "2", "--flap", "1", "--flap-every", "1", "--warmup", "1.5", "--duration", "3"]
+    done = run_cli(*args, "--engine-ms", "2", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    readers = report["readers"][0]
+    assert readers["streams"] == 2 and readers["startup"]["streaming"] == 2
+    assert readers["startup"]["all_streaming_s"] is not None and readers["camera_fps"]["min"] > 0
+    runs = report["runs"]
+    assert [(r["variant"], r["flap"]) for r in runs] == [("without", 0), ("control", 1), ("flapping", 1)]
+    for run in runs:
+        assert run["startup"]["all_streaming_s"] is not None and run["steady"]["cameras"] == 2
+        assert run["steady"]["processed_fps"] > 0 and run["steady"]["latency_ms"]["p99"] is not None
+    assert runs[1]["flap_reconnects"] == 0 and runs[2]["flap_reconnects"] >= 1
+    iso = report["isolation"][0]
+    assert {"without", "control", "flapping", "vs_control", "vs_without"} <= set(iso)
+    assert set(iso["vs_control"]) == {"processed_change", "age_p99_delta_ms"}
+    assert "Isolation, 2 steady cameras beside 1" in done.stdout and "camera readers alone" in done.stdout
+
+
+def test_flap_needs_camera_readers() -> None:
+    done = run_cli("bench", "--flap", "1", timeout=60)
+    assert done.returncode == 2 and "--flap compares camera readers" in done.stderr

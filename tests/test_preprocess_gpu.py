@@ -299,7 +299,7 @@ def test_nv12_reference_matches_the_textbook_formula(matrix: str, full_range: bo
 
 
 class fake_nv12_picture:
-    """What pipelines.sources.nvdec.DeviceNv12 offers the kernel: planes in device memory, a pitch, an event."""
+    """What pipelines.sources.nvdec.DeviceNv12 offers the kernel: device planes, a pitch, an event."""
 
     def __init__(
         self, y: np.ndarray, uv: np.ndarray, matrix: str, full_range: bool, pitch_pad: int = 0

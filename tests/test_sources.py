@@ -227,6 +227,19 @@ def test_schedule_keeps_the_rate_whatever_the_work_takes() -> None:
     assert late.wait_s(0.08 + RESYNC_S + 0.5) == pytest.approx(period)
 
 
+def test_rate_limit_keeps_its_rate_and_tolerates_jitter() -> None:
+    """A 25 fps source limited to 10 fps gives 10; limited to its own rate it loses nothing to jitter."""
+    import random
+
+    from pipelines.sources.pacing import RateLimit
+
+    rng = random.Random(1)
+    arrivals = [k / 25 + rng.uniform(0.0, 0.008) for k in range(2500)]  # 100 s of a jittery 25 fps camera
+    for fps, want in ((25, 2500), (10, 1000), (12.5, 1250), (30, 2500)):
+        limit = RateLimit(fps)
+        assert abs(sum(limit.take(t) for t in arrivals) - want) <= 1, fps
+
+
 def test_realtime_file_is_paced_and_fps_limited(readers: Callable[..., CameraReader]) -> None:
     paced = readers(SourceSpec("paced", url=str(CLIP), loop=True))  # native 25 fps
     limited = readers(SourceSpec("limited", url=str(CLIP), loop=True, fps=10))

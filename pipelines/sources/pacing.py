@@ -38,9 +38,20 @@ class Schedule:
         self._n += 1
         return max(0.0, delay)
 
+    def give_back(self) -> None:
+        """The slot just taken gave no frame (a file's end, read before its rewind): the next read takes it,
+        so a loop point costs no frame period."""
+        self._n = max(0, self._n - 1)
+
 
 class RateLimit:
-    """Keeps at most `fps` frames per second, on a schedule (25 fps -> 10 fps gives 10, not 8.3)."""
+    """Keeps at most `fps` frames per second, on a schedule (25 fps -> 10 fps gives 10, not 8.3).
+
+    A frame may come up to a quarter period before its slot: arrivals jitter (a decode that took longer
+    for the previous frame), and without the slack a 25 fps camera limited to 25 fps lost every frame that
+    came a millisecond early (24.7 fps measured). The schedule still bounds the long-run rate to `fps`."""
+
+    EARLY = 0.25  # of a period
 
     def __init__(self, fps: float | None) -> None:
         self.period = 1.0 / fps if fps else 0.0
@@ -50,7 +61,7 @@ class RateLimit:
         """True when a frame arriving at `now` is to be kept."""
         if not self.period:
             return True
-        if self._next is not None and now < self._next:
+        if self._next is not None and now < self._next - self.EARLY * self.period:
             return False
         late = self._next is None or now - self._next > self.period
         self._next = now + self.period if late else self._next + self.period  # type: ignore[operator]

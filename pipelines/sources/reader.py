@@ -268,6 +268,8 @@ class CameraReader(threading.Thread):
                 # Seamless: the decoder goes on into the next pass (a key frame with the same parameters).
                 if not capture.rewind():
                     return delivered, capture.error, None
+                if schedule is not None:
+                    schedule.give_back()
                 self.loops += 1
                 units = 0
                 continue
