@@ -211,13 +211,20 @@ class BootedSystem:
             return None
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _namespace_init(launcher: int, timeout: float) -> int:
     """The host pid of the booted namespace's PID 1: unshare's child, once the launcher became unshare
     (before that, its children are the script's own commands)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            if Path(f"/proc/{launcher}/comm").read_text().strip() == "unshare":
+            if _comm(launcher) == "unshare":
                 children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
                 if children:
                     return int(children[0])
@@ -259,7 +266,7 @@ def booted(work: Path, boot_timeout: float = 60.0) -> Iterator[BootedSystem]:
             )
         init = _namespace_init(launcher.pid, 10)
         deadline = time.monotonic() + boot_timeout
-        while Path(f"/proc/{init}/comm").read_text().strip() != "systemd":
+        while _comm(init) != "systemd":
             if launcher.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"systemd did not start:\n{(work / 'boot.log').read_text()}")
             time.sleep(0.05)
