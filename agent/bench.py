@@ -307,7 +307,7 @@ def _sweep(
         try:
             for batch in opts.batch:
                 for streams in opts.streams:
-                    for variant, extra_url in variants:
+                    for variant, extra_url in variants * opts.repeat:
                         run_spec = RunSpec(
                             streams,
                             batch,
@@ -488,25 +488,41 @@ def _run_line(run: dict[str, Any]) -> str:
 
 
 def _isolation(runs: list[dict[str, Any]], opts: BenchOptions) -> list[dict[str, Any]]:
-    """Each point's steady cameras alone, beside K cameras that stay up (control), and beside K that flap:
-    what the flapping costs them is `vs_control` (`vs_without` adds the load of K more cameras)."""
+    """Each point's steady cameras alone, beside K cameras that stay up (control), and beside K that flap
+    (medians over --repeat rounds): what the flapping costs them is `vs_control` (`vs_without` adds the
+    load of K more cameras)."""
+    points: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        points.setdefault((run["streams"], run["batch"]), {}).setdefault(run["variant"], []).append(run)
     out = []
-    for without, control, flapping in zip(runs[0::3], runs[1::3], runs[2::3], strict=True):
-        trio = (without, control, flapping)
-        steady = {name: run["steady"] for name, run in zip(VARIANTS, trio, strict=True)}
+    for (streams, batch), by in points.items():
+        steady = {name: _median_steady(by[name]) for name in VARIANTS}
         out.append(
             {
-                "streams": without["streams"],
-                "batch": without["batch"],
+                "streams": streams,
+                "batch": batch,
                 "flap": opts.flap,
                 "flap_every_s": opts.flap_every_s,
-                "flap_reconnects": flapping["flap_reconnects"],
+                "rounds": len(by["flapping"]),
+                "flap_reconnects": sum(r["flap_reconnects"] or 0 for r in by["flapping"]),
                 **steady,
                 "vs_control": _delta(steady["control"], steady["flapping"]),
                 "vs_without": _delta(steady["without"], steady["flapping"]),
             }
         )
     return out
+
+
+def _median_steady(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The steady cameras' processed frames/s and frame age percentiles, medians over the rounds."""
+    st = [r["steady"] for r in runs]
+    return {
+        "processed_fps": float(np.median([s["processed_fps"] for s in st])),
+        "latency_ms": {
+            q: round(float(np.median([s["latency_ms"][q] for s in st])), 3) for q in ("p50", "p95", "p99")
+        },
+        "p99_per_round": [s["latency_ms"]["p99"] for s in st],
+    }
 
 
 def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
@@ -571,7 +587,8 @@ def summary(report: dict[str, Any]) -> str:
         p99 = [iso[v]["latency_ms"]["p99"] for v in ("without", "control", "flapping")]
         parts.append(
             f" Isolation, {iso['streams']} steady cameras beside {iso['flap']} whose source drops them "
-            f"every {iso['flap_every_s']:g} s ({iso['flap_reconnects']} reconnects): against {iso['flap']} "
+            f"every {iso['flap_every_s']:g} s ({iso['flap_reconnects']} reconnects in {iso['rounds']} "
+            f"round{'s' if iso['rounds'] > 1 else ''}, medians): against {iso['flap']} "
             f"that stay up, steady frames processed {100 * (ctl['processed_change'] or 0):+.2f} %, "
             f"frame age p99 {ctl['age_p99_delta_ms']:+} ms; against none, "
             f"{100 * (alone['processed_change'] or 0):+.2f} % "

@@ -44,6 +44,7 @@ class BenchOptions:
     window_s: float = 10.0
     flap: int = 0  # isolation: cameras whose source drops them every flap_every_s, beside the steady ones
     flap_every_s: float = 2.0
+    repeat: int = 1  # runs of each point (with --flap: rounds of the three variants, compared by medians)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,6 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         " them (needs --decode or --rtsp)",
     )
     p.add_argument("--flap-every", type=float, default=2.0, help="seconds between drops")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each point N times (with --flap: N rounds of alone/control/flapping; isolation compares"
+        " medians, which a machine shared with other work needs)",
+    )
     p.add_argument("--log-level", default="warning")
 
 
@@ -119,8 +127,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         raise ValueError("--engine-ms is for the simulated engine (--engine sim)")
     if args.preprocess == "gpu" and engine != "sim":
         raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
-    if args.flap < 0 or args.flap_every <= 0:
-        raise ValueError("--flap must be >= 0 and --flap-every > 0")
+    if args.flap < 0 or args.flap_every <= 0 or args.repeat < 1:
+        raise ValueError("--flap must be >= 0, --flap-every > 0 and --repeat >= 1")
     if args.flap and not (args.decode or args.rtsp or args.decoder != "cpu"):
         raise ValueError("--flap compares camera readers: give --decode (file readers) or --rtsp")
     resolution = None
@@ -156,6 +164,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         window_s=args.window,
         flap=args.flap,
         flap_every_s=args.flap_every,
+        repeat=args.repeat,
     )
 
 

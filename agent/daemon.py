@@ -573,8 +573,12 @@ class Agent:
             for name, me in detached.items():
                 self.engines.attach(name, me)
             raise
-        # 2. Nothing fails from here on: switch over.
-        for name in plan.cameras_removed + plan.cameras_restarted:
+        # 2. Nothing fails from here on: switch over. Every leaving camera is asked to stop first, so slow
+        #    ones (a read or an open in progress) end in parallel, not one after another.
+        leaving = plan.cameras_removed + plan.cameras_restarted
+        for name in leaving:
+            self.cameras[name].reader.request_stop()
+        for name in leaving:
             self._close_camera(name, clear_state=name in plan.cameras_removed)
         for name in plan.models_removed:
             self._close_model(self.workers.pop(name), name)

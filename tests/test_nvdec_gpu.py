@@ -1,4 +1,4 @@
-"""NVDEC decoding (pipelines.nvdec) on a real GPU: bit-exact luma, the reader contract, bad input.
+"""NVDEC decoding (pipelines.sources.nvdec) on a real GPU: bit-exact luma, the reader contract, bad input.
 
 Marked gpu (CI has no GPU); on the GPU box, with PyNvVideoCodec installed (the `[nvdec]` extra):
     PYTHONPATH=.:tests python3 -m pytest --noconftest -o addopts= -m gpu tests/test_nvdec_gpu.py

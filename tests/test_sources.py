@@ -462,7 +462,8 @@ def test_missing_file_fails_after_max_failures(readers: Callable[..., CameraRead
     missing = tmp_path / "nowhere" / "clip.mp4"
     spec = SourceSpec("gone", url=str(missing), max_failures=3, backoff_initial_s=0.01, backoff_max_s=0.02)
     reader = readers(spec, states)
-    assert wait_for(lambda: reader.state == "failed", timeout=5), reader.stats()
+    assert wait_for(lambda: not reader.is_alive(), timeout=5), reader.stats()  # failed is final: it ends
+    assert reader.state == "failed"
     assert states.states("gone") == ["starting", "reconnecting", "failed"]
     assert reader.reason is not None and str(missing) in reader.reason and "3 attempts" in reader.reason
     assert reader.reconnects == 2  # three attempts: the first open and two retries

@@ -226,6 +226,7 @@ class CameraReader(threading.Thread):
                 return 0, self._scrub(str(exc)), "failed"
             return self._stream(capture)
         finally:
+            self.deadline = 0.0  # between connections nothing is due: the run loop reports why it ended
             if capture is not None:
                 self._close_later(self.stage.end(final=False), capture.release)
 

@@ -4,7 +4,7 @@ for different reasons, whose `last_error` must say which.
 
 Each camera has its own server process, so one can be broken while the other must keep publishing.
 Bounds come from the camera's timeouts and the reader's reconnect backoff (full jitter, ceiling doubling
-from 0.5 s up to 30 s: pipelines/sources.py), plus slack for a loaded 2-core CI box.
+from 0.5 s up to 30 s: pipelines/sources/spec.py), plus slack for a loaded 2-core CI box.
 """
 
 from __future__ import annotations
