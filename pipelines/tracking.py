@@ -1,0 +1,456 @@
+"""Multi-object tracking per camera: ByteTrack's two-stage association on a Kalman motion model.
+
+One ``Tracker`` per camera, fed each frame's detections in capture order (the model's delivery thread).
+Every live track is one row of a float64 table (``Tracker.table``, columns below): prediction,
+association and the Kalman update run over all rows at once, and selecting, appending or dropping tracks
+is one numpy call whatever the number of values per track. No Python loop per box.
+
+Per frame (``update``), as ByteTrack (Zhang et al., ECCV 2022, github.com/ifzhang/ByteTrack) does it:
+1. predict every track to the frame's time (constant velocity; the time step is the real one, so frames
+   the pipeline dropped widen the prediction instead of confusing it);
+2. confirmed tracks (tracked or lost) <-> detections with score >= ``high_score``, IoU >= ``match_iou``;
+3. tracks tracked until the previous frame and still free <-> the low-score detections (``low_score`` <=
+   score < ``high_score``, which the camera does not report), IoU >= 0.5: an occluded or blurred object
+   keeps its track through a dip in score;
+4. tentative tracks (matched fewer than ``min_hits`` frames in a row) <-> the high-score detections left,
+   IoU >= 0.3; a tentative track that misses a frame is dropped (it never had an id on the wire);
+5. high-score detections still free, scoring at least ``new_score`` (ByteTrack: 0.1 above the tracking
+   threshold), start tentative tracks; tracked tracks left unmatched become lost, and lost ones end
+   ``max_lost_s`` after their last match.
+Association is class-aware (a car never continues a person's track). Matching is greedy by IoU, best
+pair first. The three stages run as one greedy matching on IoU plus a stage bonus (2 for stage 2 pairs, 1
+for stage 3, 0 for stage 4), which takes every pair of an earlier stage before any of a later one: the
+same pairs as the stages one after the other, in one pass. The greedy matching itself is computed in
+rounds of mutually-best pairs (``greedy_match``). ``match="optimal"`` runs the stages with the
+Hungarian method instead (scipy; for the benchmark's comparison: README "Tracking, zones and events").
+
+Kalman filter: state (cx, cy, w, h) and their velocities, noise proportional to the box size (ByteTrack's
+weights; the width for x and w, the height for y and h, as BoT-SORT does). With diagonal initial, process
+and measurement noise and each coordinate moved only by its own velocity, the 8x8 covariance stays four
+independent 2x2 blocks, kept as three columns groups (var(pos), cov(pos, vel), var(vel)): every step is
+element-wise and gives exactly the full filter's result.
+
+Ids: per tracker, from 1, increasing for the tracker's life (``reset`` ends every track but never reuses
+an id). A track gets its id when confirmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelines.frames import Detections
+
+# Kalman noise weights per nominal frame (ByteTrack's), scaled by the box size.
+_STD_POS = 1.0 / 20.0
+_STD_VEL = 1.0 / 160.0
+_NOMINAL_FPS = 25.0  # the weights are per frame at this rate; other rates scale by the elapsed time
+# Least IoU in the low-score and tentative stages (ByteTrack's 0.5 and 0.7 as costs 1 - IoU).
+_LOW_IOU = 0.5
+_TENTATIVE_IOU = 0.3
+
+
+@dataclass(frozen=True)
+class TrackerParams:
+    """What ``Tracker`` needs (agent.config.TrackingConfig holds the user-facing keys and defaults)."""
+
+    high_score: float = 0.4  # detections at or above continue tracks (the camera's min_score)
+    new_score: float = 0.0  # ... and start new ones if also at or above this (0: high_score)
+    low_score: float = 0.1  # second-stage floor; detections below never reach the tracker
+    match_iou: float = 0.2  # first stage: least IoU between a predicted track and a detection
+    min_hits: int = 2  # frames matched in a row before a track is confirmed (and gets its id)
+    max_lost_s: float = 1.5  # a confirmed track unmatched this long ends
+    match: str = "greedy"  # greedy | optimal (Hungarian per stage, needs scipy; for comparisons)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.low_score <= self.high_score <= 1.0:
+            got = f"{self.low_score}, {self.high_score}"
+            raise ValueError(f"need 0 <= low_score <= high_score <= 1, got {got}")
+        if not 0.0 < self.match_iou < 1.0:
+            raise ValueError(f"match_iou: must be in (0, 1), got {self.match_iou}")
+        if self.min_hits < 1 or self.max_lost_s <= 0:
+            raise ValueError("min_hits must be >= 1 and max_lost_s > 0")
+        if self.match not in ("greedy", "optimal"):
+            raise ValueError(f"match: greedy or optimal, got {self.match!r}")
+
+
+# ---- geometry and matching ----
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` (N, 4) with every box of ``b`` (M, 4), x1y1x2y2 -> (N, M).
+
+    Column by column ((N, 1) against (M,)): broadcasting whole (N, 1, 2) and (1, M, 2) views costs several
+    times more at these sizes.
+    """
+    ax1, ay1, ax2, ay2 = a[:, 0:1], a[:, 1:2], a[:, 2:3], a[:, 3:4]
+    bx1, by1, bx2, by2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+    iw = np.minimum(ax2, bx2)
+    iw -= np.maximum(ax1, bx1)
+    np.maximum(iw, 0.0, out=iw)
+    ih = np.minimum(ay2, by2)
+    ih -= np.maximum(ay1, by1)
+    np.maximum(ih, 0.0, out=ih)
+    iw *= ih  # intersection
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1)
+    union -= iw
+    np.maximum(union, 1e-9, out=union)
+    iw /= union
+    return iw
+
+
+_EMPTY = np.zeros(0, dtype=np.intp)
+
+
+def greedy_match(score: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and columns paired greedily, highest ``score`` first; pairs below ``min_score`` never.
+
+    In rounds: every row whose best column has that row as its best too is paired, all at once; their
+    rows and columns leave; repeat while a pair is left. The lexicographically first maximum is always
+    mutually best, so every round pairs at least one, and the result is the global greedy matching.
+    ``score`` is overwritten.
+    """
+    n, m = score.shape
+    if n == 0 or m == 0:
+        return _EMPTY, _EMPTY
+    s = score
+    s[s < min_score] = -1.0
+    ar = np.arange(n)
+    flat_row = ar * m
+    rows_out: list[np.ndarray] = []
+    cols_out: list[np.ndarray] = []
+    while True:
+        best_c = s.argmax(axis=1)
+        best_r = s.argmax(axis=0)
+        mutual = best_r.take(best_c) == ar
+        mutual &= s.take(flat_row + best_c) >= min_score
+        rows = mutual.nonzero()[0]
+        if rows.size == 0:
+            break
+        cols = best_c.take(rows)
+        rows_out.append(rows)
+        cols_out.append(cols)
+        if rows.size == n or rows.size == m:
+            break
+        s[rows] = -1.0
+        s[:, cols] = -1.0
+        if s.max() < min_score:
+            break
+    if len(rows_out) == 1:
+        return rows_out[0], cols_out[0]
+    if not rows_out:
+        return _EMPTY, _EMPTY
+    return np.concatenate(rows_out), np.concatenate(cols_out)
+
+
+def optimal_match(score: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray]:
+    """The pairing of maximal total score (Hungarian, scipy), pairs below ``min_score`` dropped."""
+    from scipy.optimize import linear_sum_assignment  # comparisons only: scipy is not a dependency
+
+    n, m = score.shape
+    if n == 0 or m == 0:
+        return _EMPTY, _EMPTY
+    s = np.where(score >= min_score, score, 0.0)
+    rows, cols = linear_sum_assignment(s, maximize=True)
+    keep = (s[rows, cols] >= min_score) & (s[rows, cols] > 0.0)
+    return rows[keep], cols[keep]
+
+
+# ---- the track table: one float64 column per track ----
+# Row k of ``Tracker.table`` (shape (ROWS, tracks)) holds one value of every track, so each quantity is a
+# contiguous vector: element-wise numpy on (4, N) blocks runs at full speed, where (N, 4) column slices of
+# a row-per-track table cost several times more (a 4-element inner loop per track). Selecting, appending
+# or dropping tracks is one numpy call on the whole table. Ids, classes, states and counts are exact in
+# float64.
+POS = slice(0, 4)  # Kalman mean: cx, cy, w, h ...
+VEL = slice(4, 8)  # ... and their velocities (per nominal frame)
+VAR_POS = slice(8, 12)  # covariance blocks per coordinate
+COV_PV = slice(12, 16)
+VAR_VEL = slice(16, 20)
+CUR = slice(20, 27)  # the last matched detection: x1, y1, x2, y2, score, ts (wall clock), frame id
+BOX = slice(20, 24)
+SCORE = 24
+LAST_SEEN = 25
+LAST_FRAME = 26
+BEST = slice(27, 34)  # the best-scoring detection, same layout as CUR
+BEST_BOX = slice(27, 31)
+BEST_SCORE = 31
+BEST_TS = 32
+BEST_FRAME = 33
+LAST_T = 34  # monotonic time of the last match (motion and ageing)
+FIRST_SEEN = 35
+ID = 36  # 0 while tentative
+CLS = 37
+STATE = 38
+HITS = 39
+ROWS = 40
+
+TENTATIVE, TRACKED, LOST = 0.0, 1.0, 2.0
+_NEVER = 2.0  # an IoU no pair reaches: the pair matches in no stage
+# Per (track state, detection is high-score): the stage's bonus and least IoU (see the module docstring).
+_STAGE_BONUS = np.array([[0.0, 0.0], [1.0, 2.0], [0.0, 2.0]])
+_SIZE_ROWS = np.array([2, 3, 2, 3])  # the width scales x and w, the height y and h
+
+
+def _size2(pos: np.ndarray) -> np.ndarray:
+    """(4, N) squared box size per coordinate (width for x and w, height for y and h), at least 1."""
+    s = np.maximum(pos.take(_SIZE_ROWS, axis=0), 1.0)
+    s *= s
+    return s
+
+
+def _cxcywh(box: np.ndarray) -> np.ndarray:
+    """(4, N) x1, y1, x2, y2 -> cx, cy, w, h."""
+    out = np.empty(box.shape)
+    np.add(box[0:2], box[2:4], out=out[0:2])
+    out[0:2] *= 0.5
+    np.subtract(box[2:4], box[0:2], out=out[2:4])
+    return out
+
+
+@dataclass(slots=True)
+class Ended:
+    """Confirmed tracks that ended in one step: their last table columns (rows as ``Tracker.table``)."""
+
+    table: np.ndarray  # (ROWS, K)
+    rows: np.ndarray  # their columns before the step, for state kept beside the tracker
+    reason: str  # lost | gap | reconnect | stopped | removed | reconfigured
+
+    def __len__(self) -> int:
+        return int(self.table.shape[1])
+
+
+class Step:
+    """What one ``update`` (or ``reset``) did, in track indices (table columns) after it.
+
+    ``row_map[i]``: the index that track ``i`` had before the step, -1 for a track started in it; None when
+    the tracks did not change. State kept beside the tracker (zones, lines, events) follows with
+    ``state[row_map]``.
+    """
+
+    __slots__ = ("confirmed", "det_rows", "ended", "improved", "row_map")
+
+    def __init__(self, det_rows: np.ndarray, row_map: np.ndarray | None = None, ended: Ended | None = None):
+        self.det_rows = det_rows  # (detections,) the track of each detection, -1 for none
+        self.row_map = row_map
+        self.confirmed = _EMPTY  # tracks confirmed in this frame (their first frame with an id)
+        self.improved = _EMPTY  # tracks whose best detection is this frame's (new tracks included)
+        self.ended = ended
+
+
+class Tracker:
+    """ByteTrack for one camera. Not thread-safe: one caller at a time (the camera's delivery thread).
+
+    ``table``: (ROWS, tracks), one column per live track (tentative, tracked or lost); "row" in the names
+    of ``Step`` means a track's index, i.e. its column here.
+    """
+
+    def __init__(self, params: TrackerParams | None = None) -> None:
+        self._next_id = 1
+        self._t: float | None = None
+        self.table = np.zeros((ROWS, 0))
+        self.configure(params or TrackerParams())
+
+    def configure(self, params: TrackerParams) -> None:
+        """New settings from the next update on (callers reset first: live tracks must not carry over)."""
+        self.params = p = params
+        self._stage_iou = np.array([[_NEVER, _TENTATIVE_IOU], [_LOW_IOU, p.match_iou], [_NEVER, p.match_iou]])
+        # How long a track may go unmatched, by state: tentative not at all, lost max_lost_s.
+        self._max_age = np.array([0.0, np.inf, p.max_lost_s])
+
+    def __len__(self) -> int:
+        return int(self.table.shape[1])
+
+    @property
+    def t(self) -> float | None:
+        """Monotonic time of the last update (None before the first and after a reset)."""
+        return self._t
+
+    def matched(self) -> np.ndarray:
+        """(tracks,) bool: matched a detection in the last update."""
+        return self.table[LAST_T] == self._t
+
+    def boxes(self) -> np.ndarray:
+        """(tracks, 4) the filtered boxes (x1y1x2y2): the Kalman estimate after the last update."""
+        pos = self.table[POS]
+        half = 0.5 * pos[2:4]
+        return np.concatenate((pos[0:2] - half, pos[0:2] + half)).T
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def update(self, dets: Detections, t: float, ts: float, frame_id: int = 0) -> Step:
+        """One frame: ``dets`` (scores >= low_score), ``t`` monotonic seconds (motion, ageing; increasing),
+        ``ts`` wall clock (first/last seen), ``frame_id`` (kept with the best detection)."""
+        p = self.params
+        k = 0.0 if self._t is None else max(0.0, t - self._t) * _NOMINAL_FPS
+        self._t = t
+        n_old = self.table.shape[1]
+        n_det = dets.scores.shape[0]
+        det_rows = np.full(n_det, -1, np.intp)
+        # The detections in the table's CUR layout: box, score, ts, frame.
+        cur = np.empty((7, n_det))
+        cur[0:4] = dets.boxes.T
+        cur[4] = dets.scores
+        cur[5] = ts
+        cur[6] = frame_id
+        high = cur[4] >= p.high_score
+        step = Step(det_rows)
+        if n_old:
+            tab = self.table
+            if k > 0.0:
+                self._predict(k)
+            rows = cols = _EMPTY
+            if n_det:
+                rows, cols = self._associate(dets.class_ids, cur, high)
+            state = tab[STATE]
+            state[state == TRACKED] = LOST  # the matched ones are tracked again in _correct
+            if rows.size:
+                det_rows[cols] = rows
+                self._correct(rows, cur.take(cols, axis=1), t, step)
+            drop = (t - tab[LAST_T]) > self._max_age.take(state.astype(np.intp))
+            if np.count_nonzero(drop):
+                self._drop(drop, step)
+        if n_det:
+            starts = high if p.new_score <= p.high_score else cur[4] >= p.new_score
+            new = (starts & (det_rows < 0)).nonzero()[0]
+            if new.size:
+                self._append(cur.take(new, axis=1), dets.class_ids.take(new), t, new, step)
+        return step
+
+    def reset(self, reason: str) -> Step:
+        """End every track now (a camera reconnect, a frame gap, a reconfiguration); ids keep counting."""
+        tab = self.table
+        gone = (tab[STATE] != TENTATIVE).nonzero()[0]
+        self.table = np.zeros((ROWS, 0))
+        self._t = None
+        return Step(_EMPTY, _EMPTY, Ended(tab.take(gone, axis=1), gone, reason) if gone.size else None)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _associate(self, cls: np.ndarray, cur: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ByteTrack stages at once: (track indices, detection indices) matched."""
+        tab = self.table
+        pred = np.empty((4, tab.shape[1]))
+        np.multiply(tab[2:4], 0.5, out=pred[2:4])
+        np.subtract(tab[0:2], pred[2:4], out=pred[0:2])
+        pred[2:4] += tab[0:2]
+        iou = iou_matrix(pred.T, cur[0:4].T)
+        state = tab[STATE].astype(np.intp)[:, None]
+        hi = high.astype(np.intp)
+        ok = iou >= self._stage_iou[state, hi]
+        ok &= tab[CLS][:, None] == cls
+        if self.params.match == "optimal":
+            return self._associate_optimal(iou, ok, state[:, 0], hi)
+        iou += _STAGE_BONUS[state, hi]
+        iou[~ok] = -1.0
+        return greedy_match(iou, 0.0)
+
+    @staticmethod
+    def _associate_optimal(
+        iou: np.ndarray, ok: np.ndarray, state: np.ndarray, hi: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The same stages one after the other, each by the Hungarian method (comparisons only)."""
+        free_r = np.ones(iou.shape[0], bool)
+        free_c = np.ones(iou.shape[1], bool)
+        out_r, out_c = [], []
+        for stage_states, stage_hi in (((1, 2), 1), ((1,), 0), ((0,), 1)):
+            r_sel = (free_r & np.isin(state, stage_states)).nonzero()[0]
+            c_sel = (free_c & (hi == stage_hi)).nonzero()[0]
+            sub = np.where(ok[np.ix_(r_sel, c_sel)], iou[np.ix_(r_sel, c_sel)], 0.0)
+            r, c = optimal_match(sub, 1e-9)
+            free_r[r_sel[r]] = False
+            free_c[c_sel[c]] = False
+            out_r.append(r_sel[r])
+            out_c.append(c_sel[c])
+        return np.concatenate(out_r), np.concatenate(out_c)
+
+    def _predict(self, k: float) -> None:
+        tab = self.table
+        size2 = _size2(tab[POS])
+        tab[POS] += k * tab[VEL]
+        var_pos, cov_pv, var_vel = tab[VAR_POS], tab[COV_PV], tab[VAR_VEL]
+        grow = var_vel * (k * k)
+        grow += (2.0 * k) * cov_pv
+        size2 *= k
+        var_pos += grow
+        var_pos += _STD_POS**2 * size2
+        cov_pv += k * var_vel
+        size2 *= _STD_VEL**2
+        var_vel += size2
+
+    def _correct(self, rows: np.ndarray, cur: np.ndarray, t: float, step: Step) -> None:
+        """Kalman update of tracks ``rows`` with their detections (``cur``: (7, K) CUR layout), and their
+        bookkeeping."""
+        p = self.params
+        g = self.table.take(rows, axis=1)
+        s = _size2(g[POS])
+        s *= _STD_POS**2  # measurement noise
+        var_pos, cov_pv, var_vel = g[VAR_POS], g[COV_PV], g[VAR_VEL]
+        s += var_pos
+        gain_pos = var_pos / s
+        gain_vel = cov_pv / s
+        innovation = _cxcywh(cur[0:4])
+        innovation -= g[POS]
+        g[POS] += gain_pos * innovation
+        g[VEL] += gain_vel * innovation
+        var_vel -= gain_vel * cov_pv  # before cov_pv changes
+        cov_pv -= gain_pos * cov_pv
+        var_pos -= gain_pos * var_pos
+        g[CUR] = cur
+        g[LAST_T] = t
+        hits = g[HITS]
+        hits += 1.0
+        state = g[STATE]
+        full = hits >= p.min_hits
+        confirm = (state == TENTATIVE) & full
+        state[full] = TRACKED  # confirmed tracks always have min_hits
+        n_confirm = np.count_nonzero(confirm)
+        if n_confirm:
+            # Ids in track order (older tracks first), whatever order the matching gave.
+            order = rows[confirm].argsort().argsort()
+            g[ID, confirm] = self._next_id + order
+            self._next_id += n_confirm
+            step.confirmed = rows[confirm]
+        improved = g[SCORE] > g[BEST_SCORE]
+        if np.count_nonzero(improved):
+            g[BEST][:, improved] = g[CUR][:, improved]
+            step.improved = rows[improved]
+        self.table[:, rows] = g
+
+    def _drop(self, drop: np.ndarray, step: Step) -> None:
+        tab = self.table
+        gone = (drop & (tab[STATE] == LOST)).nonzero()[0]
+        if gone.size:
+            step.ended = Ended(tab.take(gone, axis=1), gone, "lost")
+        keep = (~drop).nonzero()[0]
+        new_index = np.full(tab.shape[1], -1, np.intp)
+        new_index[keep] = np.arange(keep.size)
+        hit = step.det_rows >= 0
+        step.det_rows[hit] = new_index.take(step.det_rows[hit])
+        step.confirmed = new_index.take(step.confirmed)
+        step.improved = new_index.take(step.improved)
+        self.table = tab.take(keep, axis=1)
+        step.row_map = keep
+
+    def _append(self, cur: np.ndarray, cls: np.ndarray, t: float, dets: np.ndarray, step: Step) -> None:
+        n = cur.shape[1]
+        new = np.zeros((ROWS, n))
+        new[POS] = _cxcywh(cur[0:4])
+        size2 = _size2(new[POS])
+        np.multiply(size2, (2.0 * _STD_POS) ** 2, out=new[VAR_POS])
+        np.multiply(size2, (10.0 * _STD_VEL) ** 2, out=new[VAR_VEL])
+        new[CUR] = cur
+        new[BEST] = cur
+        new[LAST_T] = t
+        new[FIRST_SEEN] = cur[5]
+        new[CLS] = cls
+        new[HITS] = 1.0
+        n_old = self.table.shape[1]
+        added = np.arange(n_old, n_old + n)
+        if self.params.min_hits <= 1:  # confirmed at once
+            new[STATE] = TRACKED
+            new[ID] = np.arange(self._next_id, self._next_id + n)
+            self._next_id += n
+            step.confirmed = np.concatenate((step.confirmed, added))
+        self.table = np.concatenate((self.table, new), axis=1)
+        step.det_rows[dets] = added
+        step.improved = np.concatenate((step.improved, added))
+        kept = step.row_map if step.row_map is not None else np.arange(n_old)
+        step.row_map = np.concatenate((kept, np.full(n, -1, np.intp)))
