@@ -1,0 +1,237 @@
+"""Per-camera analytics: the tracker, the zones and the lines of one camera, one call per frame.
+
+``CameraAnalytics.process`` takes a frame's detections (the camera's class filter applied, scores down to
+the tracker's ``low_score``) and returns an ``Analysis``: the detections the camera reports (score >= its
+``min_score``) with their track ids, and what happened in the frame (tracks confirmed and ended, zone
+enters and leaves, line crossings, counts changed). The agent turns that into MQTT events
+(agent.events); nothing here publishes or formats.
+
+Resets (every track ends, every zone empties): a frame more than ``reset_gap_s`` after the previous one (a
+stalled or reconnected camera: no prediction across the gap, no ghost ids), ``reset()`` (the agent calls it
+when the camera reconnects or stops), and a change of the tracker's settings. Zones and lines change in
+place (``reconfigure``): unchanged ones keep their state and counts, changed or new ones start empty.
+
+Not thread-safe: the caller serialises ``process``, ``reset`` and ``reconfigure`` (agent.events holds a
+lock per camera around them and the publishing of their results, so events keep their order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipelines.frames import Detections
+from pipelines.tracking import ID, SCORE, Ended, Step, Tracker, TrackerParams
+from pipelines.zones import Lines, RegionSpec, Transition, Zones
+
+
+@dataclass(frozen=True)
+class AnalyticsSettings:
+    """Everything a camera's analytics needs (made from agent.config by agent.events)."""
+
+    tracker: TrackerParams
+    min_score: float  # what the camera reports; detections between low_score and this only help tracking
+    reset_gap_s: float = 2.0
+    zones: tuple[RegionSpec, ...] = ()
+    lines: tuple[RegionSpec, ...] = ()
+
+
+@dataclass(slots=True)
+class Analysis:
+    """One frame's analytics (or a reset's). Arrays refer to the tracker's state after the frame and are
+    valid until the next call."""
+
+    detections: Detections  # reported: score >= min_score
+    track_ids: np.ndarray  # (len(detections),) int64 id of each detection's track, 0 for none yet
+    ts: float  # wall clock of the frame (of the reset)
+    frame_id: int  # -1 for a reset
+    size: tuple[int, int]  # (w, h) of the picture; (0, 0) for a reset
+    table: np.ndarray  # the tracker's table after the step (pipelines.tracking rows x tracks)
+    step: Step
+    active: np.ndarray  # (tracks,) bool: confirmed and seen in this frame
+    transitions: list[Transition] = field(default_factory=list)  # zone enters/leaves, line crossings
+    zones_changed: bool = False  # some zone's counts changed
+    lines_changed: bool = False  # some line's counts changed
+    reset: str | None = None  # why every track ended (gap, reconnect, stopped, ...), else None
+    inside: np.ndarray | None = None  # (tracks, Z) bool: the zones each track is in now (None: no zones)
+    ended_zones: np.ndarray | None = None  # (len(step.ended), Z) bool: zones the ended tracks had visited
+
+
+class CameraAnalytics:
+    """Tracker + zones + lines of one camera."""
+
+    def __init__(self, settings: AnalyticsSettings, n_classes: int) -> None:
+        self.n_classes = n_classes
+        self.settings = settings
+        self.tracker = Tracker(settings.tracker)
+        self.zones = Zones(settings.zones, n_classes)
+        self.lines = Lines(settings.lines, n_classes)
+        self._t: float | None = None  # monotonic time of the last frame
+
+    # ---- per frame ------------------------------------------------------------------------------------
+    def process(
+        self, dets: Detections, t: float, ts: float, frame_id: int, size: tuple[int, int]
+    ) -> Analysis:
+        """One frame: detections with scores >= the tracker's low_score, ``t`` monotonic and ``ts`` wall
+        clock of its capture, ``size`` (w, h) of the picture."""
+        reset = None
+        ended_first: list[Transition] = []
+        ended_visits = None
+        first_ended: Ended | None = None
+        if self._t is not None and t - self._t > self.settings.reset_gap_s:
+            # A gap: every track ends before this frame is looked at (it starts new ones).
+            gap = self.reset("gap", ts)
+            reset, ended_first, first_ended, ended_visits = (
+                "gap",
+                gap.transitions,
+                gap.step.ended,
+                gap.ended_zones,
+            )
+        self._t = t
+        step = self.tracker.update(dets, t, ts, frame_id)
+        table = self.tracker.table
+        active = table[ID] > 0
+        active &= self.tracker.matched()
+        out = ended_first
+        zones_changed = reset is not None and len(self.zones) > 0
+        lines_changed = False
+        visits = None
+        if step.ended is not None and len(self.zones):
+            visits = self.zones.visited_by(step.ended.rows)
+            zones_changed |= self.zones.end(step.ended, ts, out)
+        if step.row_map is not None:
+            self.zones.follow(step.row_map)
+            self.lines.follow(step.row_map)
+        if len(self.zones):
+            if self.zones.update(table, active, step.confirmed, ts, size, out):
+                zones_changed = True
+            elif zones_changed:
+                self.zones.recount(table)
+        if len(self.lines):
+            lines_changed = self.lines.update(table, active, step.confirmed, size, out)
+        # What the camera reports, with ids of confirmed tracks.
+        min_score = self.settings.min_score
+        if min_score > self.settings.tracker.low_score:
+            report = dets.scores >= min_score
+            reported = dets.select(report)
+            rows = step.det_rows[report]
+        else:
+            reported, rows = dets, step.det_rows
+        ids = np.zeros(rows.shape[0], np.int64)
+        tracked = rows >= 0
+        if np.count_nonzero(tracked):
+            ids[tracked] = table[ID].take(rows[tracked])
+        if first_ended is not None:
+            step.ended = _merge_ended(first_ended, step.ended)
+            visits = _merge_visits(ended_visits, visits)
+        return Analysis(
+            detections=reported,
+            track_ids=ids,
+            ts=ts,
+            frame_id=frame_id,
+            size=size,
+            table=table,
+            step=step,
+            active=active,
+            transitions=out,
+            zones_changed=zones_changed,
+            lines_changed=lines_changed,
+            reset=reset,
+            inside=self.zones.inside if len(self.zones) else None,
+            ended_zones=visits,
+        )
+
+    def reset(self, reason: str, ts: float) -> Analysis:
+        """End every track now (``reason``: gap, reconnect, stopped, removed, reconfigured)."""
+        rows = np.arange(len(self.tracker))
+        visits = self.zones.visited_by(rows) if len(self.zones) else None
+        out: list[Transition] = []
+        step = self.tracker.reset(reason)
+        if step.ended is not None and len(self.zones):
+            self.zones.end(step.ended, ts, out)
+            visits = visits[step.ended.rows] if visits is not None else None
+        self.zones.clear()
+        self.lines.clear_sides()
+        self._t = None
+        return Analysis(
+            detections=Detections.empty(),
+            track_ids=np.zeros(0, np.int64),
+            ts=ts,
+            frame_id=-1,
+            size=(0, 0),
+            table=self.tracker.table,
+            step=step,
+            active=np.zeros(0, bool),
+            transitions=out,
+            zones_changed=len(self.zones) > 0,
+            reset=reason,
+            ended_zones=visits,
+        )
+
+    # ---- configuration --------------------------------------------------------------------------------
+    def reconfigure(self, settings: AnalyticsSettings, ts: float) -> Analysis | None:
+        """New settings in place. A changed tracker resets every track (the Analysis of that reset is
+        returned); zones and lines that did not change keep their state and counts."""
+        old = self.settings
+        self.settings = settings
+        result = None
+        if settings.tracker != old.tracker:
+            result = self.reset("reconfigured", ts)
+            self.tracker.configure(settings.tracker)
+        if settings.zones != old.zones:
+            self.zones = _carry_zones(self.zones, settings.zones, self.n_classes, len(self.tracker))
+        if settings.lines != old.lines:
+            self.lines = _carry_lines(self.lines, settings.lines, self.n_classes, len(self.tracker))
+        return result
+
+    def best(self, rows: np.ndarray) -> np.ndarray:
+        """Best scores of tracks ``rows`` (for callers that keep crops of the best detection)."""
+        return self.tracker.table[SCORE].take(rows)
+
+
+def _merge_ended(a: Ended, b: Ended | None) -> Ended:
+    if b is None or not len(b):
+        return a
+    return Ended(np.concatenate((a.table, b.table), axis=1), np.concatenate((a.rows, b.rows)), a.reason)
+
+
+def _merge_visits(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return np.concatenate((a, b))
+
+
+def _carry_zones(old: Zones, specs: Sequence[RegionSpec], n_classes: int, tracks: int) -> Zones:
+    new = Zones(specs, n_classes)
+    z = len(new)
+    new.inside = np.zeros((tracks, z), bool)
+    new.entered_at = np.zeros((tracks, z))
+    new.visited = np.zeros((tracks, z), bool)
+    new._streak = np.zeros((tracks, z), np.int16)
+    before = {s: j for j, s in enumerate(old.specs)}
+    for j, spec in enumerate(new.specs):
+        k = before.get(spec)
+        if k is None:
+            continue  # new or changed: starts empty
+        new.inside[:, j] = old.inside[:, k]
+        new.entered_at[:, j] = old.entered_at[:, k]
+        new.visited[:, j] = old.visited[:, k]
+        new._streak[:, j] = old._streak[:, k]
+        new.counts[j] = old.counts[k]
+    return new
+
+
+def _carry_lines(old: Lines, specs: Sequence[RegionSpec], n_classes: int, tracks: int) -> Lines:
+    new = Lines(specs, n_classes)
+    new.side = np.zeros((tracks, len(new)), np.int8)
+    before = {s: j for j, s in enumerate(old.specs)}
+    for j, spec in enumerate(new.specs):
+        k = before.get(spec)
+        if k is not None:
+            new.side[:, j] = old.side[:, k]
+            new.counts[j] = old.counts[k]
+    return new
