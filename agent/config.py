@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,6 +28,7 @@ from pydantic import (
 from agent.tls import TlsFileError, TlsOptions, client_context
 from engines.plan import Precision
 from pipelines.urls import mask_url
+from pipelines.zones import polygon_problem, segment_problem
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # safe inside an MQTT topic level
@@ -145,6 +146,124 @@ class SnapshotConfig(_Strict):
     quality: int = Field(80, ge=10, le=100)
 
 
+# ---- tracking, zones, lines, events (pipelines.analytics; agent.events) ----
+Anchor = Literal["bottom_center", "center", "top_center", "left_center", "right_center"]
+Point = tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]]
+
+
+class TrackingConfig(_Strict):
+    """Per camera; defaults as ByteTrack's (pipelines.tracking)."""
+
+    enabled: bool = True
+    # Detections from here up to min_score are not reported but keep tracks alive (ByteTrack's second stage).
+    low_score: float = Field(0.1, ge=0.01, le=1.0)
+    # New tracks start from detections at or above this (default min_score + 0.1, as ByteTrack's): a
+    # detection that barely passes min_score is reported but does not start a track on its own.
+    new_track_score: float | None = Field(None, ge=0.01, le=1.0)
+    match_iou: float = Field(0.2, gt=0.0, lt=1.0)  # least IoU between a predicted track and a detection
+    min_hits: int = Field(2, ge=1, le=30)  # frames in a row before a track is confirmed and gets an id
+    max_lost_s: float = Field(1.5, gt=0, le=60)  # how long an unseen track is kept (occlusions, misses)
+    reset_gap_s: float = Field(2.0, gt=0, le=600)  # a longer gap between frames ends every track
+
+
+class FrameSize(_Strict):
+    w: int = Field(ge=1, le=16384)
+    h: int = Field(ge=1, le=16384)
+
+
+def _closed(points: list[Point]) -> list[Point]:
+    # Drawing tools often close a polygon by repeating its first point; that point adds nothing.
+    return points[:-1] if len(points) > 3 and points[0] == points[-1] else points
+
+
+def _normalised_problem(points: list[Point]) -> str | None:
+    for i, (x, y) in enumerate(points):
+        if not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
+            return (
+                f"point {i + 1} [{x:g}, {y:g}] is outside the picture (normalized coordinates are 0..1; "
+                "for source pixels set units: pixels and the camera's frame_size)"
+            )
+    return None
+
+
+class ZoneConfig(_Strict):
+    polygon: list[Point]
+    units: Literal["normalized", "pixels"] = "normalized"
+    labels: list[str] | None = None  # counted labels (default: every class the camera reports)
+    anchor: Anchor = "bottom_center"  # the point of a box that must be inside
+    inertia: int = Field(2, ge=1, le=100)  # frames in a row inside (outside) before an enter (leave)
+
+    @field_validator("polygon")
+    @classmethod
+    def _polygon(cls, v: list[Point]) -> list[Point]:
+        v = _closed(v)
+        problem = polygon_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        return _label_list(v)
+
+
+class LineConfig(_Strict):
+    # A -> B; crossing from its left to its right (as seen on the picture) counts as "in".
+    points: list[Point]
+    units: Literal["normalized", "pixels"] = "normalized"
+    labels: list[str] | None = None
+    anchor: Anchor = "bottom_center"
+
+    @field_validator("points")
+    @classmethod
+    def _points(cls, v: list[Point]) -> list[Point]:
+        problem = segment_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        return _label_list(v)
+
+
+def _label_list(v: list[str] | None) -> list[str] | None:
+    if v is None:
+        return v
+    if not v or any(not label for label in v):
+        raise ValueError("labels must be a non-empty list of non-empty names (leave it out for every label)")
+    if len(set(v)) != len(v):
+        raise ValueError("labels must be unique")
+    return v
+
+
+class EventSnapshotConfig(_Strict):
+    # A JPEG of the object's best detection (its box with a margin) after its `end` event.
+    enabled: bool = False
+    min_interval_s: float = Field(10.0, ge=0.5, le=86400)  # per camera
+    quality: int = Field(80, ge=10, le=100)
+
+
+class EventsConfig(_Strict):
+    enabled: bool = True
+    # Object events (new, update, end): for every track (all), only for tracks that entered one of the
+    # camera's zones (in_zones: `new` comes with the first zone entry), or none (zone and line events only).
+    objects: Literal["all", "in_zones", "none"] = "all"
+    # `update` events: when the object's zones changed or it moved update_move x the picture's diagonal
+    # since its last event, at most one per update_interval_s per object.
+    update_interval_s: float = Field(5.0, ge=0.1, le=3600)
+    update_move: float = Field(0.2, gt=0.0, le=2.0)
+    snapshot: EventSnapshotConfig = EventSnapshotConfig()
+
+
+class PublishConfig(_Strict):
+    # every_frame: as before; on_change: when the labels or track ids in the picture change (and at least
+    # every 10 s); off: no detections messages (events, zones and lines still are).
+    detections: Literal["every_frame", "on_change", "off"] = "every_frame"
+
+
 class CameraConfig(_Strict):
     # repr=False: the URL may hold a password; use `display` for logs.
     url: str | None = Field(None, repr=False)
@@ -164,6 +283,13 @@ class CameraConfig(_Strict):
     # NVDEC output: low hands out each picture with its packet; native lets the decoder hold up to 4 back
     # (more decode throughput per GPU, up to 4 frames more latency; capture times stay those of the packets).
     decoder_latency: Literal["low", "native"] = "low"
+    tracking: TrackingConfig = TrackingConfig()
+    zones: dict[str, ZoneConfig] = Field(default_factory=dict, max_length=32)
+    lines: dict[str, LineConfig] = Field(default_factory=dict, max_length=32)
+    events: EventsConfig = EventsConfig()
+    publish: PublishConfig = PublishConfig()
+    # The picture size that zone and line points in pixels refer to (scaled if the stream's differs).
+    frame_size: FrameSize | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> CameraConfig:
@@ -381,6 +507,7 @@ class AgentConfig(_Strict):
             if cam.model not in self.models:
                 known = ", ".join(sorted(self.models))
                 raise ValueError(f"cameras.{cam_name}.model: unknown model '{cam.model}' (known: {known})")
+            _check_analytics(cam_name, cam)
             m = self.models[cam.model]
             if m.postprocess == "graph" and cam.min_score < m.graph_score_threshold:
                 raise ValueError(
@@ -389,6 +516,59 @@ class AgentConfig(_Strict):
                     " scores inside the model)"
                 )
         return self
+
+
+def _check_analytics(name: str, cam: CameraConfig) -> None:
+    """Zones, lines, tracking and events of one camera against each other (errors name the key)."""
+    key = f"cameras.{name}"
+    regions = {"zones": cam.zones, "lines": cam.lines}
+    if not cam.tracking.enabled:
+        for what in ("zones", "lines"):
+            if regions[what]:
+                raise ValueError(f"{key}.{what}: need tracking (cameras.{name}.tracking.enabled is false)")
+    new_score = cam.tracking.new_track_score
+    if new_score is not None and new_score < cam.min_score:
+        raise ValueError(
+            f"{key}.tracking.new_track_score: {new_score:g} is below min_score {cam.min_score:g} (tracks"
+            " start from reported detections only)"
+        )
+    if cam.events.objects == "in_zones" and not cam.zones:
+        raise ValueError(f"{key}.events.objects: in_zones needs zones ({key}.zones is empty)")
+    if cam.tracking.low_score > cam.min_score:
+        raise ValueError(
+            f"{key}.tracking.low_score: {cam.tracking.low_score:g} is above min_score {cam.min_score:g} "
+            "(it is the floor below min_score where detections only keep tracks alive)"
+        )
+    for what, items in regions.items():
+        for region, rc in items.items():
+            rkey = f"{key}.{what}.{region}"
+            if not _NAME.match(region):
+                raise ValueError(f"{rkey}: name may only hold letters, digits, '_', '-' and '.'")
+            pts = rc.polygon if isinstance(rc, ZoneConfig) else rc.points
+            field = "polygon" if isinstance(rc, ZoneConfig) else "points"
+            if rc.units == "normalized":
+                problem = _normalised_problem(pts)
+                if problem is not None:
+                    raise ValueError(f"{rkey}.{field}: {problem}")
+            else:
+                if cam.frame_size is None:
+                    raise ValueError(
+                        f"{rkey}.units: pixels needs {key}.frame_size {{w, h}}: the picture size the points"
+                        " refer to"
+                    )
+                w, h = cam.frame_size.w, cam.frame_size.h
+                for i, (x, y) in enumerate(pts):
+                    if not (0.0 <= x <= w and 0.0 <= y <= h):
+                        raise ValueError(
+                            f"{rkey}.{field}: point {i + 1} [{x:g}, {y:g}] is outside the {w}x{h} picture "
+                            f"({key}.frame_size)"
+                        )
+            if rc.labels and cam.classes:
+                missing = [label for label in rc.labels if label not in cam.classes]
+                if missing:
+                    raise ValueError(
+                        f"{rkey}.labels: {missing[0]!r} is not in {key}.classes (the camera never reports it)"
+                    )
 
 
 def _check_dla(name: str, m: ModelConfig) -> None:
@@ -471,6 +651,7 @@ _MESSAGES = {
     "int_from_float": lambda e: "must be an integer",
     "float_parsing": lambda e: "must be a number",
     "float_type": lambda e: "must be a number",
+    "finite_number": lambda e: "must be a finite number",
     "bool_parsing": lambda e: "must be true or false",
     "bool_type": lambda e: "must be true or false",
     "string_type": lambda e: "must be a string",

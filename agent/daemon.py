@@ -22,6 +22,7 @@ from agent.commands import (
 )
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig, load_config
 from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
+from agent.events import CameraEvents, analytics_settings, track_floor
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient, MqttError
@@ -60,6 +61,37 @@ class CameraRuntime:
     fps_out: RateCounter = field(default_factory=RateCounter)
     last_frame_in: int = 0
     last_capture_ts: float | None = None  # wall-clock capture time of the newest frame published
+    events: CameraEvents | None = None  # tracking, zones, lines and their events (tracking.enabled)
+    # publish.detections on_change: what the last published detections held, and when (monotonic).
+    last_signature: bytes | None = None
+    last_published: float = -1e9
+
+
+ON_CHANGE_KEEPALIVE_S = 10.0  # publish.detections on_change: a message at least this often anyway
+
+
+class _EventOut:
+    """agent.events.Publisher over the agent's MQTT client as it is at each call (a reload may swap it)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    @property
+    def topics(self) -> Topics:
+        return self._agent.topics
+
+    def publish(self, topic: str, body: bytes, *, state: bool, qos: int) -> None:
+        client = self._agent.mqtt
+        if client is None:
+            return
+        if state:
+            client.publish(topic, body, qos=qos, retain=True, kind="state")
+        elif qos or client.connected:  # QoS 0 (snapshots) only while connected: never queued offline
+            client.publish(topic, body, qos=qos, kind="event")
+
+    def connected(self) -> bool:
+        client = self._agent.mqtt
+        return client is not None and client.connected
 
 
 def _gpu_preprocess(model: str) -> GpuLetterbox:
@@ -119,6 +151,8 @@ class Agent:
         self._quiet_mqtt = quiet_mqtt
         self._console_on = cfg.console if console is None else console
         self._console = ConsoleSink(self.labels)
+        self._event_out = _EventOut(self)
+        self._kept_events: dict[str, CameraEvents] = {}  # of cameras closed to be reopened (reload)
         self._telemetry_thread: threading.Thread | None = None
         self.taps: dict[str, FrameTap] = {}  # per model: frames for the gate, from the running pipeline
         self.engines = EngineManager(
@@ -151,6 +185,8 @@ class Agent:
             protocol=cfg.mqtt.protocol,
         )
         client.watch(node_filter(cfg), self._on_discovery_config)
+        for region_filter in topics.regions_filter():
+            client.watch(region_filter, self._on_region_state)
         return client
 
     # ---- Home Assistant discovery (agent.discovery) ------------------------------------------------
@@ -167,6 +203,19 @@ class Agent:
         was stopped, discovery turned off): delete it. Network thread; publish() does not block."""
         if body and self.mqtt is not None and stale_topics(self.cfg, [topic]):
             log.info("Home Assistant: deleting stale discovery config %s", topic)
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
+
+    def _on_region_state(self, topic: str, body: bytes) -> None:
+        """A retained zone or line state that no camera publishes now (a zone removed while the agent was
+        stopped): delete it. Network thread."""
+        if not body or self.mqtt is None:
+            return
+        live = set()
+        for cam in list(self.cameras.values()):
+            if cam.events is not None:
+                live |= cam.events.region_topics(self.topics)
+        if topic not in live:
+            log.info("deleting stale zone/line state %s", topic)
             self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
 
     def _make_router(self, cfg: AgentConfig) -> CommandRouter:
@@ -191,6 +240,9 @@ class Agent:
         if self.mqtt is not None:
             self.mqtt.start()
             self._publish_discovery()
+        for cam in self.cameras.values():
+            if cam.events is not None:
+                cam.events.publish_states()  # zeros: a previous run's counts must not stand
         self.engines.start()
         for worker in self.workers.values():
             worker.start()
@@ -247,10 +299,23 @@ class Agent:
             gpu_preprocess=gpu,
         )
 
-    def _open_camera(self, name: str, cam: CameraConfig, cfg: AgentConfig | None = None) -> None:
+    def _open_camera(
+        self, name: str, cam: CameraConfig, cfg: AgentConfig | None = None, events: CameraEvents | None = None
+    ) -> None:
+        """``events``: a restarted camera's analytics, kept (counts and ids go on) and reconfigured."""
         worker = self.workers[cam.model]
         labels_src = str((cfg or self.cfg).models[cam.model].labels)
-        mask = class_mask(name, cam, self.labels[cam.model], labels_src)
+        labels = self.labels[cam.model]
+        mask = class_mask(name, cam, labels, labels_src)
+        events = events or self._kept_events.pop(name, None)
+        if not cam.tracking.enabled:
+            if events is not None:
+                events.close("reconfigured", clear=True)
+            events = None
+        elif events is None:
+            events = CameraEvents(name, cam, labels, labels_src, self._event_out)
+        else:
+            events.reconfigure(cam, labels, labels_src)
         slot = worker.new_slot()
         spec = SourceSpec(
             camera=name,
@@ -264,8 +329,8 @@ class Agent:
         reader = open_reader(
             spec, slot, self._on_camera_state, decoder=cam.decoder, latency=cam.decoder_latency
         )
-        self.cameras[name] = CameraRuntime(name, cam, reader)
-        worker.add_camera(CameraRoute(name, slot, mask, cam.min_score))
+        self.cameras[name] = CameraRuntime(name, cam, reader, events=events)
+        worker.add_camera(CameraRoute(name, slot, mask, track_floor(cam), analytics=events))
 
     # ---- callbacks ---------------------------------------------------------------------------
     def _status_fields(self) -> dict:
@@ -301,7 +366,11 @@ class Agent:
             return
         with self._lock:
             changed = cam.state != state
+            left_streaming = changed and cam.state == "streaming"
             cam.state, cam.reason = state, reason
+        if left_streaming and cam.events is not None:
+            # A reconnect (or a file that ended) ends every track: the next picture may show anything.
+            cam.events.reset("reconnect" if state == "reconnecting" else state)
         self._publish_camera_state(cam)  # the reader logged the change
         if changed:
             self._publish_status()
@@ -403,9 +472,31 @@ class Agent:
         if self.mqtt is None:
             return
         self._snapshot_on_detection(result)
+        cam = self.cameras.get(result.frame.camera)
+        if cam is not None and not self._detections_due(cam, result):
+            return
         fields = detection_fields(result, self.labels.get(result.model, []))
         body = payload("detections", **fields)
         self.mqtt.publish(self.topics.detections(result.frame.camera), body, kind="event")
+
+    @staticmethod
+    def _detections_due(cam: CameraRuntime, result: Result) -> bool:
+        """cameras.C.publish.detections: every_frame, off, or on_change (the labels, or the track ids, in
+        the picture differ from the last message's; and at least every ON_CHANGE_KEEPALIVE_S)."""
+        mode = cam.cfg.publish.detections
+        if mode == "every_frame":
+            return True
+        if mode == "off":
+            return False
+        d = result.detections
+        ids = result.analysis.track_ids if result.analysis is not None else None
+        key = np.sort(d.class_ids.astype(np.int64) if ids is None else ids * 4096 + d.class_ids)
+        signature = key.tobytes()
+        now = time.monotonic()
+        if signature == cam.last_signature and now - cam.last_published < ON_CHANGE_KEEPALIVE_S:
+            return False
+        cam.last_signature, cam.last_published = signature, now
+        return True
 
     def _console_sink(self, result: Result) -> None:
         if self._console_on:
@@ -474,6 +565,8 @@ class Agent:
                 if cam.last_capture_ts is None
                 else round((time.time() - cam.last_capture_ts) * 1000.0, 1),
             }
+            if cam.events is not None:  # tracks_active, tracks_started, events, zones, lines
+                cams[name]["tracking"] = cam.events.stats()
         fills = [w.batch_fill_sum / w.batches for w in self.workers.values() if w.batches]
         backends = {name: w.backend.name for name, w in self.workers.items()}
         return build_telemetry(
@@ -560,9 +653,15 @@ class Agent:
             for name in reopen:
                 self._open_model(name, new.models[name], new)
                 opened.append(name)
-            for name in plan.cameras_added + plan.cameras_restarted + plan.cameras_rerouted:
+            changed = (
+                plan.cameras_added + plan.cameras_restarted + plan.cameras_rerouted + plan.cameras_analytics
+            )
+            for name in dict.fromkeys(changed):
                 cam = new.cameras[name]
-                class_mask(name, cam, self.labels[cam.model], str(new.models[cam.model].labels))
+                labels_src = str(new.models[cam.model].labels)
+                class_mask(name, cam, self.labels[cam.model], labels_src)
+                if cam.tracking.enabled:  # zone and line labels against the model's labels
+                    analytics_settings(name, cam, self.labels[cam.model], labels_src)
         except Exception:
             for name in opened:
                 self.workers.pop(name).close_backends()
@@ -595,13 +694,8 @@ class Agent:
         for name in reopen:
             self.workers[name].start()
         self.engines.start_pending()
-        for name in plan.cameras_rerouted:
-            cam = new.cameras[name]
-            mask = class_mask(name, cam, self.labels[cam.model], str(new.models[cam.model].labels))
-            route = self.workers[cam.model]._routes.get(name)
-            if route is not None:
-                self.workers[cam.model].add_camera(CameraRoute(name, route.slot, mask, cam.min_score))
-            self.cameras[name].cfg = cam
+        for name in dict.fromkeys(plan.cameras_rerouted + plan.cameras_analytics):
+            self._reroute(name, new.cameras[name])
         for name in plan.cameras_added + plan.cameras_restarted:
             self._open_camera(name, new.cameras[name])
             self.cameras[name].reader.start()
@@ -610,6 +704,28 @@ class Agent:
         self._console_on = new.console
         self._publish_status()
 
+    def _reroute(self, name: str, cam: CameraConfig) -> None:
+        """A running camera's route (classes, min_score) and analytics (tracking, zones, lines, events,
+        publish) in place; its reader keeps streaming."""
+        runtime = self.cameras[name]
+        labels, labels_src = self.labels[cam.model], str(self.cfg.models[cam.model].labels)
+        mask = class_mask(name, cam, labels, labels_src)
+        events = runtime.events
+        if not cam.tracking.enabled:
+            if events is not None:
+                events.close("reconfigured", clear=True)
+            events = None
+        elif events is None:
+            events = CameraEvents(name, cam, labels, labels_src, self._event_out)
+            events.publish_states()
+        else:
+            events.reconfigure(cam, labels, labels_src)
+        worker = self.workers[cam.model]
+        route = worker.route(name)
+        if route is not None:
+            worker.add_camera(CameraRoute(name, route.slot, mask, track_floor(cam), analytics=events))
+        runtime.cfg, runtime.events = cam, events
+
     def _close_camera(self, name: str, clear_state: bool) -> None:
         cam = self.cameras.pop(name)
         worker = self.workers.get(cam.cfg.model)
@@ -617,6 +733,12 @@ class Agent:
             worker.remove_camera(name)
         if not cam.reader.stop():
             log.warning("camera %s: reader did not stop in time; left to end on its own", name)
+        if cam.events is not None:
+            # Removed: its tracks end and its zone/line states go. Restarted: kept for _open_camera, so
+            # ids and line counts go on.
+            cam.events.close("removed" if clear_state else "restarted", clear=clear_state)
+            if not clear_state:
+                self._kept_events[name] = cam.events
         if clear_state and self.mqtt is not None:
             # An empty retained message deletes the topic: a removed camera must not stay "streaming".
             self.mqtt.publish(self.topics.camera_state(name), b"", qos=1, retain=True, kind="state")
@@ -636,6 +758,8 @@ class Agent:
             self.mqtt.start()
             for cam in self.cameras.values():
                 self._publish_camera_state(cam)
+                if cam.events is not None:
+                    cam.events.publish_states()
             self.engines.republish()  # discovery configs follow in _reload_from_file
 
     # ---- stop --------------------------------------------------------------------------------
@@ -684,6 +808,9 @@ class Agent:
                 cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
         for worker in self.workers.values():
             worker.close_backends()  # leaves (and logs) a backend whose worker thread did not stop
+        for cam in self.cameras.values():
+            if cam.events is not None:
+                cam.events.close("stopped", clear=False)  # end events, zones empty (retained zeros)
         self.commands.stop()
         if self.mqtt is not None:
             for cam in self.cameras.values():

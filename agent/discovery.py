@@ -17,6 +17,11 @@ Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
   once per frame, so this entity is disabled by default (enable it in HA if the recorder load is fine);
 - ``sensor`` <label> count: detections with that label in the latest frame, for the camera's
   ``classes`` or, without them, ``homeassistant.count_labels``.
+  Latency and label counts read the detections: a camera with ``publish.detections: off`` has neither.
+- per zone (agent.events): ``binary_sensor`` occupancy (device class occupancy) and a ``sensor`` count
+  per label (the zone's ``labels``, else the camera's ``classes``, else ``count_labels``), from the
+  zone's retained state; per line: ``sensor`` in and out (crossings, total_increasing) from the line's
+  retained state. These topics change only when something happens, so they have no ``expire_after``.
 
 Every entity is unavailable while the status topic says ``offline`` (graceful stop or the broker's last
 will after a crash), available for any other state (online, degraded, rebuilding: the agent runs).
@@ -70,6 +75,30 @@ LATENCY_TEMPLATE = (
 )
 
 
+OCCUPANCY_TEMPLATE = (
+    "{{ ('ON' if value_json.occupied else 'OFF')"
+    " if value_json is defined and value_json.occupied is defined else '' }}"
+)
+
+
+def zone_count_template(label: str) -> str:
+    """Tracks with ``label`` in a zone, from its retained state (0 where the label is not there)."""
+    literal = json.dumps(label, ensure_ascii=False)
+    return (
+        f"{{{{ (value_json.counts[{literal}] if {literal} in value_json.counts else 0)"
+        " if value_json is defined and value_json.counts is mapping else 'None' }}"
+    )
+
+
+def line_template(direction: str) -> str:
+    """A line's total crossings in ``direction`` (in | out), from its retained state."""
+    literal = json.dumps(direction)
+    return (
+        f"{{{{ value_json.counts[{literal}] if value_json is defined and value_json.counts is mapping"
+        f" and value_json.counts[{literal}] is number else 'None' }}}}"
+    )
+
+
 def count_template(label: str) -> str:
     """Number of detections with ``label`` in one detections payload."""
     # A JSON string is a valid Jinja string literal: Jinja unescapes \\, \" and \uXXXX the same way, so a
@@ -85,9 +114,10 @@ def count_template(label: str) -> str:
 class _Entity:
     component: str
     camera: str
-    kind: str  # streaming | fps | latency | count
+    kind: str  # streaming | fps | latency | count | zone_occupancy | zone_count | line_in | line_out
     label: str | None
     object_id: str
+    region: str | None = None  # zone or line name
 
 
 def node_id(cfg: AgentConfig) -> str:
@@ -116,31 +146,46 @@ def _plan(cfg: AgentConfig) -> list[_Entity]:
     """The entities of ``cfg`` with unique object ids (empty when discovery is disabled)."""
     if not cfg.homeassistant.enabled:
         return []
-    wanted: list[tuple[str, str, str, str | None, str]] = []
+    wanted: list[tuple[str, str, str, str | None, str, str | None]] = []
     for camera, cam in cfg.cameras.items():
         if not cam.enabled:
             continue
         cam_part = _TOPIC_UNSAFE.sub("_", camera)
         wanted += [
-            ("binary_sensor", camera, "streaming", None, f"{cam_part}_streaming"),
-            ("sensor", camera, "fps", None, f"{cam_part}_fps"),
-            ("sensor", camera, "latency", None, f"{cam_part}_latency"),
+            ("binary_sensor", camera, "streaming", None, f"{cam_part}_streaming", None),
+            ("sensor", camera, "fps", None, f"{cam_part}_fps", None),
         ]
-        for label in _labels(cfg, cam.classes):
-            label_part = _TOPIC_UNSAFE.sub("_", label)
-            wanted.append(("sensor", camera, "count", label, f"{cam_part}_{label_part}_count"))
+        if cam.publish.detections != "off":
+            wanted.append(("sensor", camera, "latency", None, f"{cam_part}_latency", None))
+            for label in _labels(cfg, cam.classes):
+                label_part = _TOPIC_UNSAFE.sub("_", label)
+                wanted.append(("sensor", camera, "count", label, f"{cam_part}_{label_part}_count", None))
+        if not cam.tracking.enabled:
+            continue
+        for zone, zc in cam.zones.items():
+            zone_part = f"{cam_part}_zone_{_TOPIC_UNSAFE.sub('_', zone)}"
+            wanted.append(("binary_sensor", camera, "zone_occupancy", None, f"{zone_part}_occupancy", zone))
+            for label in _labels(cfg, zc.labels or cam.classes):
+                label_part = _TOPIC_UNSAFE.sub("_", label)
+                wanted.append(
+                    ("sensor", camera, "zone_count", label, f"{zone_part}_{label_part}_count", zone)
+                )
+        for line in cam.lines:
+            line_part = f"{cam_part}_line_{_TOPIC_UNSAFE.sub('_', line)}"
+            wanted.append(("sensor", camera, "line_in", None, f"{line_part}_in", line))
+            wanted.append(("sensor", camera, "line_out", None, f"{line_part}_out", line))
     # Replacing characters can make two names meet ("a.b" and "a_b" cameras, "a"+"b_c" vs "a_b"+"c");
     # those get a hash of what they stand for. Compared as HA entity ids (lower case), which are the
     # stricter of the two: the default entity ids stay distinct as well as the topics.
     seen: dict[str, int] = {}
-    for *_, object_id in wanted:
+    for *_, object_id, _region in wanted:
         key = _entity_slug(object_id)
         seen[key] = seen.get(key, 0) + 1
     out = []
-    for component, camera, kind, label, object_id in wanted:
+    for component, camera, kind, label, object_id, region in wanted:
         if seen[_entity_slug(object_id)] > 1:
-            object_id = f"{object_id}_{_short_hash(camera, kind, label or '')}"
-        out.append(_Entity(component, camera, kind, label, object_id))
+            object_id = f"{object_id}_{_short_hash(camera, kind, label or '', region or '')}"
+        out.append(_Entity(component, camera, kind, label, object_id, region))
     return out
 
 
@@ -153,7 +198,7 @@ def config_topics(cfg: AgentConfig) -> list[str]:
     return [_config_topic(cfg, e) for e in _plan(cfg)]
 
 
-def _expire_after(cfg: AgentConfig, entity: _Entity) -> int:
+def _expire_after(cfg: AgentConfig, entity: _Entity) -> int | None:
     """Seconds without a message after which HA shows the entity unavailable.
 
     Availability already covers a dead agent; this covers a live one whose data stopped (a hung
@@ -163,6 +208,8 @@ def _expire_after(cfg: AgentConfig, entity: _Entity) -> int:
     """
     if entity.kind in ("streaming", "fps"):
         return max(30, math.ceil(3 * cfg.telemetry.interval_s))
+    if entity.region is not None:
+        return None  # retained, published on change: quiet for hours is normal
     fps = cfg.cameras[entity.camera].fps
     return max(30, math.ceil(10 / fps)) if fps else 30
 
@@ -193,8 +240,10 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "sw_version": version,
         },
         "origin": {"name": "edge-agent", "sw_version": version},
-        "expire_after": _expire_after(cfg, entity),
     }
+    expire = _expire_after(cfg, entity)
+    if expire is not None:
+        body["expire_after"] = expire
     if entity.kind == "streaming":
         body |= {
             "name": f"{cam} streaming",
@@ -230,7 +279,7 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             # One state per frame per camera would flood HA's recorder: opt-in.
             "enabled_by_default": False,
         }
-    else:
+    elif entity.kind == "count":
         label = entity.label or ""  # always set for counts
         body |= {
             "name": f"{cam} {label} count",
@@ -238,6 +287,34 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "value_template": count_template(label),
             "unit_of_measurement": "objects",
             "state_class": "measurement",
+        }
+    elif entity.kind == "zone_occupancy":
+        zone = entity.region or ""
+        body |= {
+            "name": f"{cam} {zone} occupancy",
+            "state_topic": topics.zone(cam, zone),
+            "value_template": OCCUPANCY_TEMPLATE,
+            "payload_on": "ON",
+            "payload_off": "OFF",
+            "device_class": "occupancy",
+        }
+    elif entity.kind == "zone_count":
+        zone, label = entity.region or "", entity.label or ""
+        body |= {
+            "name": f"{cam} {zone} {label} count",
+            "state_topic": topics.zone(cam, zone),
+            "value_template": zone_count_template(label),
+            "unit_of_measurement": "objects",
+            "state_class": "measurement",
+        }
+    else:  # line_in / line_out
+        line, direction = entity.region or "", entity.kind.removeprefix("line_")
+        body |= {
+            "name": f"{cam} {line} {direction}",
+            "state_topic": topics.line(cam, line),
+            "value_template": line_template(direction),
+            "unit_of_measurement": "crossings",
+            "state_class": "total_increasing",
         }
     return body
 

@@ -2,7 +2,8 @@
 
 The schema (agent.config) checks types and ranges; this checks the files and their contents: the ONNX
 model (readable, an ONNX graph whose outputs the configured `format` decodes), the labels (UTF-8, not
-empty), camera classes against those labels. Every problem is one line `FILE: key.path: message`.
+empty), camera classes and zone/line labels against those labels. Every problem is one line
+`FILE: key.path: message`.
 """
 
 from __future__ import annotations
@@ -75,4 +76,13 @@ def preflight(cfg: AgentConfig, source: str) -> list[str]:
                     f"{source}: cameras.{cam_name}.classes: unknown class {unknown[0]!r} "
                     f"(labels: {cfg.models[cam.model].labels})"
                 )
+        regions = {"zones": cam.zones, "lines": cam.lines}
+        for what, items in regions.items():
+            for region, rc in items.items():
+                unknown = [c for c in rc.labels or () if known and c not in known]
+                if unknown:
+                    errors.append(
+                        f"{source}: cameras.{cam_name}.{what}.{region}.labels: unknown label {unknown[0]!r} "
+                        f"(labels: {cfg.models[cam.model].labels})"
+                    )
     return errors

@@ -2,8 +2,10 @@
 
 Applied in place by the daemon (agent.daemon.Agent.reload):
 - cameras: added, removed, restarted when their source changed (url, pipeline, fps, loop, timeouts) or
-  they moved to another (or a changed) model; `classes`/`min_score` change on the running route, and the
-  reader keeps streaming;
+  they moved to another (or a changed) model; `classes`/`min_score` change on the running route, and
+  `tracking`, `zones`, `lines`, `events`, `publish`, `frame_size` on the camera's analytics
+  (agent.events), while the reader keeps streaming (zones and lines that did not change keep their
+  state and counts; removed ones have their retained states deleted);
 - models: added, removed, or reopened when their section changed (ONNX Runtime serves at once, an engine
   builds in the background as at start);
 - mqtt (and device_id, which names the topics): a new connection, the old one closed gracefully;
@@ -19,6 +21,7 @@ from agent.config import AgentConfig, CameraConfig
 
 _SOURCE_FIELDS = ("url", "pipeline", "fps", "loop", "open_timeout_s", "read_timeout_s")
 _ROUTE_FIELDS = ("classes", "min_score")
+_ANALYTICS_FIELDS = ("tracking", "zones", "lines", "events", "publish", "frame_size")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class ReloadPlan:
     cameras_removed: list[str] = field(default_factory=list)
     cameras_restarted: list[str] = field(default_factory=list)
     cameras_rerouted: list[str] = field(default_factory=list)  # route settings only; reader untouched
+    cameras_analytics: list[str] = field(default_factory=list)  # tracking/zones/lines...; reader untouched
     models_added: list[str] = field(default_factory=list)
     models_removed: list[str] = field(default_factory=list)
     models_changed: list[str] = field(default_factory=list)
@@ -44,6 +48,7 @@ class ReloadPlan:
                 self.cameras_removed,
                 self.cameras_restarted,
                 self.cameras_rerouted,
+                self.cameras_analytics,
                 self.models_added,
                 self.models_removed,
                 self.models_changed,
@@ -61,6 +66,7 @@ class ReloadPlan:
             ("cameras removed", self.cameras_removed),
             ("cameras restarted", self.cameras_restarted),
             ("camera settings", self.cameras_rerouted),
+            ("camera analytics", self.cameras_analytics),
             ("models added", self.models_added),
             ("models removed", self.models_removed),
             ("models reopened", self.models_changed),
@@ -102,8 +108,11 @@ def plan_reload(old: AgentConfig, new: AgentConfig) -> ReloadPlan:
             plan.cameras_added.append(name)
         elif prev.model != cam.model or cam.model in reopened or _differs(prev, cam, _SOURCE_FIELDS):
             plan.cameras_restarted.append(name)
-        elif _differs(prev, cam, _ROUTE_FIELDS):
-            plan.cameras_rerouted.append(name)
+        else:
+            if _differs(prev, cam, _ROUTE_FIELDS):
+                plan.cameras_rerouted.append(name)
+            if _differs(prev, cam, _ANALYTICS_FIELDS):
+                plan.cameras_analytics.append(name)
 
     plan.mqtt = old.mqtt != new.mqtt or old.device_id != new.device_id
     plan.log_level = old.log_level != new.log_level

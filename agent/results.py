@@ -28,6 +28,9 @@ def detection_fields(result: Result, labels: list[str]) -> dict:
         {"label": labels[c] if 0 <= c < n_labels else str(c), "class_id": c, "score": s, "box": b}
         for c, s, b in zip(ids, scores, boxes, strict=True)
     ]
+    if result.analysis is not None:  # tracking on: the track of each detection (null until confirmed)
+        for item, track in zip(items, result.analysis.track_ids.tolist(), strict=True):
+            item["track_id"] = track or None
     lat = {k: round(v, 2) for k, v in stage_latencies_ms(frame).items()}
     return {
         "camera": frame.camera,

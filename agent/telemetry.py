@@ -268,7 +268,71 @@ class Metrics:
             namespace=ns,
             registry=r,
         )
+        # Tracking, zones and lines (telemetry cameras.C.tracking, agent.events).
+        self.tracks_active = Gauge(
+            "tracks_active",
+            "Confirmed tracks alive (tracked or briefly lost)",
+            ["camera"],
+            namespace=ns,
+            registry=r,
+        )
+        self.tracks_started = Counter(
+            "tracks_started", "Tracks confirmed (objects seen)", ["camera"], namespace=ns, registry=r
+        )
+        self.events = Counter(
+            "events",
+            "Events published on cameras/C/events, by type",
+            ["camera", "type"],
+            namespace=ns,
+            registry=r,
+        )
+        self.zone_objects = Gauge(
+            "zone_objects",
+            "Tracked objects in a zone, by label",
+            ["camera", "zone", "label"],
+            namespace=ns,
+            registry=r,
+        )
+        self.line_crossings = Counter(
+            "line_crossings",
+            "Line crossings by direction (since the line was configured)",
+            ["camera", "line", "direction"],
+            namespace=ns,
+            registry=r,
+        )
+        self._totals: dict[tuple[str, ...], float] = {}  # last totals seen, for the counters' increments
+        self._zone_labels: set[tuple[str, str, str]] = set()
         self._server: Any = None
+
+    def _advance(self, counter: Counter, labels: tuple[str, ...], total: float) -> None:
+        """Bring a Counter to a total reported by the agent (a total that went down restarted from 0)."""
+        key = (str(id(counter)), *labels)
+        last = self._totals.get(key, 0.0)
+        step = total - last if total >= last else total
+        if step > 0:
+            counter.labels(*labels).inc(step)
+        self._totals[key] = total
+
+    def _update_tracking(self, cameras: Mapping[str, Any]) -> None:
+        zone_labels: set[tuple[str, str, str]] = set()
+        for cam, c in cameras.items():
+            tr = c.get("tracking")
+            if not isinstance(tr, Mapping):
+                continue
+            self.tracks_active.labels(cam).set(tr.get("tracks_active", 0))
+            self._advance(self.tracks_started, (cam,), tr.get("tracks_started", 0))
+            for kind, n in (tr.get("events") or {}).items():
+                self._advance(self.events, (cam, kind), n)
+            for zone, counts in (tr.get("zones") or {}).items():
+                for label, n in counts.items():
+                    self.zone_objects.labels(cam, zone, label).set(n)
+                    zone_labels.add((cam, zone, label))
+            for line, counts in (tr.get("lines") or {}).items():
+                for direction, n in counts.items():
+                    self._advance(self.line_crossings, (cam, line, direction), n)
+        for gone in self._zone_labels - zone_labels:  # a zone removed by a reload
+            self.zone_objects.remove(*gone)
+        self._zone_labels = zone_labels
 
     def update(self, fields: Mapping[str, Any]) -> None:
         """Update every metric from a ``build_telemetry`` dict."""
@@ -290,6 +354,7 @@ class Metrics:
                 self.camera_stale.labels(cam).set(c["dropped_stale"])
             if c.get("frame_age_ms") is not None:
                 self.camera_frame_age.labels(cam).set(c["frame_age_ms"] / 1000.0)
+        self._update_tracking(fields.get("cameras", {}))
         if fields.get("batch_fill") is not None:
             self.batch_fill.set(fields["batch_fill"])
         backend = fields.get("backend")

@@ -21,7 +21,17 @@ SCHEMA_VERSION = 1
 # Short name -> full schema name; a typo in a caller must fail loudly rather than publish a bad schema.
 SCHEMAS: dict[str, str] = {
     name: f"edge-agent/{name}/{SCHEMA_VERSION}"
-    for name in ("status", "camera-state", "detections", "telemetry", "engine", "cmd-result")
+    for name in (
+        "status",
+        "camera-state",
+        "detections",
+        "telemetry",
+        "engine",
+        "cmd-result",
+        "event",
+        "zone",
+        "line",
+    )
 }
 
 _FORBIDDEN = ("+", "#", "/", "\x00")
@@ -96,6 +106,37 @@ class Topics:
 
     def snapshot(self, camera: str) -> str:
         return self._named("{base}/cameras/{name}/snapshot", camera, "camera")
+
+    def events(self, camera: str) -> str:
+        return self._named("{base}/cameras/{name}/events", camera, "camera")
+
+    def zone(self, camera: str, zone: str) -> str:
+        """Retained occupancy of a camera's zone: ``{base}/cameras/{camera}/zones/{zone}``."""
+        return self._named2("zones", camera, zone, "zone")
+
+    def line(self, camera: str, line: str) -> str:
+        """Retained counts of a camera's line: ``{base}/cameras/{camera}/lines/{line}``."""
+        return self._named2("lines", camera, line, "line")
+
+    def track_snapshot(self, camera: str, track_id: int) -> str:
+        """JPEG of a track's best detection, after its ``end`` event (not cached: one per track)."""
+        check_name(camera, "camera")
+        return f"{self.base}/cameras/{camera}/tracks/{int(track_id)}/snapshot"
+
+    def regions_filter(self) -> tuple[str, str]:
+        """Subscription filters matching every zone and line state of this device (stale ones are cleared)."""
+        return f"{self.base}/cameras/+/zones/+", f"{self.base}/cameras/+/lines/+"
+
+    def _named2(self, kind: str, camera: str, name: str, what: str) -> str:
+        key = (f"{kind}/{camera}", name)
+        topic = self._cache.get(key)
+        if topic is None:
+            check_name(camera, "camera")
+            check_name(name, what)
+            topic = f"{self.base}/cameras/{camera}/{kind}/{name}"
+            if len(self._cache) < 4096:
+                self._cache[key] = topic
+        return topic
 
     def engine(self, model: str) -> str:
         return self._named("{base}/engines/{name}", model, "model")

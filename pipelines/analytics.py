@@ -24,7 +24,7 @@ import numpy as np
 
 from pipelines.frames import Detections
 from pipelines.tracking import ID, SCORE, Ended, Step, Tracker, TrackerParams
-from pipelines.zones import Lines, RegionSpec, Transition, Zones
+from pipelines.zones import Lines, RegionSpec, Transition, Zones, classes
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,9 @@ class CameraAnalytics:
         active = table[ID] > 0
         active &= self.tracker.matched()
         out = ended_first
+        regions = len(self.zones) or len(self.lines)
+        cls = classes(table, self.n_classes) if regions else None
+        inactive = ~active[:, None] if regions else None
         zones_changed = reset is not None and len(self.zones) > 0
         lines_changed = False
         visits = None
@@ -105,18 +108,22 @@ class CameraAnalytics:
             self.zones.follow(step.row_map)
             self.lines.follow(step.row_map)
         if len(self.zones):
-            if self.zones.update(table, active, step.confirmed, ts, size, out):
+            assert cls is not None and inactive is not None
+            if self.zones.update(table, cls, inactive, step.confirmed, ts, size, out):
                 zones_changed = True
             elif zones_changed:
-                self.zones.recount(table)
+                self.zones.recount(cls)
         if len(self.lines):
-            lines_changed = self.lines.update(table, active, step.confirmed, size, out)
+            assert cls is not None and inactive is not None
+            lines_changed = self.lines.update(table, cls, inactive, step.confirmed, size, out)
         # What the camera reports, with ids of confirmed tracks.
         min_score = self.settings.min_score
         if min_score > self.settings.tracker.low_score:
-            report = dets.scores >= min_score
-            reported = dets.select(report)
-            rows = step.det_rows[report]
+            report = (dets.scores >= min_score).nonzero()[0]
+            reported = Detections(
+                dets.boxes.take(report, axis=0), dets.scores.take(report), dets.class_ids.take(report)
+            )
+            rows = step.det_rows.take(report)
         else:
             reported, rows = dets, step.det_rows
         ids = np.zeros(rows.shape[0], np.int64)

@@ -5,7 +5,8 @@ One ModelWorker per model runs a three-stage pipeline, so the engine does not wa
     batcher    (thread model-M)          take frames (fair round robin; too old ones dropped), preprocess,
                                           wait for a free execution slot, hand the batch over
     inference  (threads model-M-infer-i)  backend.infer; up to backend.slots batches at once
-    delivery   (thread model-M-out)       in hand-over order: postprocess, per-camera filter, sinks
+    delivery   (thread model-M-out)       in hand-over order: postprocess, per-camera filter, the camera's
+                                          analytics (CameraRoute.analytics: tracking, zones, lines), sinks
 
 While batch k is inferred, batch k+1 is preprocessed and batch k-1 postprocessed; the frames of batch k+1
 are taken just in time (shortly before batch k is expected to end), so they do not wait a whole inference
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engines.runtimes.base import Backend, Batch
+from pipelines.analytics import Analysis
 from pipelines.frames import Detections, DeviceImage, Frame, host_image
 from pipelines.models.base import ModelAdapter
 from pipelines.postprocess import filter_detections
@@ -77,9 +79,14 @@ class Result:
     precision: str
     batch_size: int
     gpu_ms: float | None = None  # device time of the batch, where the backend measures it (TensorRT)
+    # The camera's tracking, zones and lines for this frame (CameraRoute.analytics), else None.
+    analysis: Analysis | None = None
 
 
 Sink = Callable[[Result], None]
+# A camera's analytics (agent.events.CameraEvents): the frame and its detections (class filter applied,
+# scores >= the route's min_score) -> Analysis, whose `detections` the result carries instead.
+AnalyticsHook = Callable[[Frame, Detections], Analysis]
 # on_swapped(model, old, new): called on the batcher thread right after it switched, before `old` is closed.
 SwapCallback = Callable[[str, Backend, Backend], None]
 
@@ -101,8 +108,9 @@ class CameraRoute:
     name: str
     slot: FrameSlot
     class_mask: np.ndarray | None  # bool per class id; None keeps every class
-    min_score: float
+    min_score: float  # with analytics: the tracker's floor (the analytics narrows to what is reported)
     stale: int = 0  # frames dropped unprocessed: older than the model's max age when taken
+    analytics: AnalyticsHook | None = None
 
 
 @dataclass(eq=False)
@@ -587,14 +595,23 @@ class ModelWorker:
             for (route, frame), d in zip(batch.items, dets, strict=True):
                 if routes.get(route.name) is not route:
                     continue  # removed (or replaced) while its frame was in flight
+                kept = filter_detections(d, route.class_mask, route.min_score)
+                analysis = None
+                if route.analytics is not None:
+                    try:
+                        analysis = route.analytics(frame, kept)
+                        kept = analysis.detections
+                    except Exception:  # the hook reports its own failures; this is the last resort
+                        log.exception("camera %s: analytics failed", route.name)
                 result = Result(
                     frame=frame,
-                    detections=filter_detections(d, route.class_mask, route.min_score),
+                    detections=kept,
                     model=self.model,
                     backend=backend.name,
                     precision=backend.precision,
                     batch_size=len(frames),
                     gpu_ms=batch.gpu_ms,
+                    analysis=analysis,
                 )
                 for sink in self._sinks:
                     try:

@@ -101,19 +101,22 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _EMPTY = np.zeros(0, dtype=np.intp)
 
 
-def greedy_match(score: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray]:
+def greedy_match(
+    score: np.ndarray, min_score: float, prepared: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Rows and columns paired greedily, highest ``score`` first; pairs below ``min_score`` never.
 
     In rounds: every row whose best column has that row as its best too is paired, all at once; their
     rows and columns leave; repeat while a pair is left. The lexicographically first maximum is always
     mutually best, so every round pairs at least one, and the result is the global greedy matching.
-    ``score`` is overwritten.
+    ``score`` is overwritten; ``prepared``: it already holds -1 (or less) for every pair below ``min_score``.
     """
     n, m = score.shape
     if n == 0 or m == 0:
         return _EMPTY, _EMPTY
     s = score
-    s[s < min_score] = -1.0
+    if not prepared:
+        s[s < min_score] = -1.0
     ar = np.arange(n)
     flat_row = ar * m
     rows_out: list[np.ndarray] = []
@@ -284,7 +287,8 @@ class Tracker:
         self._t = t
         n_old = self.table.shape[1]
         n_det = dets.scores.shape[0]
-        det_rows = np.full(n_det, -1, np.intp)
+        det_rows = np.empty(n_det, np.intp)
+        det_rows.fill(-1)
         # The detections in the table's CUR layout: box, score, ts, frame.
         cur = np.empty((7, n_det))
         cur[0:4] = dets.boxes.T
@@ -327,20 +331,30 @@ class Tracker:
     def _associate(self, cls: np.ndarray, cur: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ByteTrack stages at once: (track indices, detection indices) matched."""
         tab = self.table
-        pred = np.empty((4, tab.shape[1]))
-        np.multiply(tab[2:4], 0.5, out=pred[2:4])
-        np.subtract(tab[0:2], pred[2:4], out=pred[0:2])
-        pred[2:4] += tab[0:2]
-        iou = iou_matrix(pred.T, cur[0:4].T)
+        # IoU of the predicted boxes (N) with the detections (M): corners as (2, N, 1) against (2, 1, M), so
+        # each step is one numpy call over both axes of the picture.
+        pos = tab[POS]
+        half = 0.5 * pos[2:4]
+        lo = pos[0:2] - half
+        hi = pos[0:2] + half
+        inter = np.minimum(hi[:, :, None], cur[2:4, None, :])
+        inter -= np.maximum(lo[:, :, None], cur[0:2, None, :])
+        np.maximum(inter, 0.0, out=inter)
+        iou = inter[0] * inter[1]
+        union = (pos[2] * pos[3])[:, None] + (cur[2] - cur[0]) * (cur[3] - cur[1])
+        union -= iou
+        iou /= union  # w, h >= 1 after prediction: never 0
+        # Each pair's stage: the least IoU it needs (another class: none is enough) and its bonus.
         state = tab[STATE].astype(np.intp)[:, None]
-        hi = high.astype(np.intp)
-        ok = iou >= self._stage_iou[state, hi]
-        ok &= tab[CLS][:, None] == cls
+        hi_det = high.astype(np.intp)
+        need = self._stage_iou[state, hi_det]
+        need[tab[CLS][:, None] != cls] = _NEVER
+        ok = iou >= need
         if self.params.match == "optimal":
-            return self._associate_optimal(iou, ok, state[:, 0], hi)
-        iou += _STAGE_BONUS[state, hi]
+            return self._associate_optimal(iou, ok, state[:, 0], hi_det)
+        iou += _STAGE_BONUS[state, hi_det]
         iou[~ok] = -1.0
-        return greedy_match(iou, 0.0)
+        return greedy_match(iou, 0.0, prepared=True)
 
     @staticmethod
     def _associate_optimal(
@@ -365,6 +379,7 @@ class Tracker:
         tab = self.table
         size2 = _size2(tab[POS])
         tab[POS] += k * tab[VEL]
+        np.maximum(tab[2:4], 1.0, out=tab[2:4])
         var_pos, cov_pv, var_vel = tab[VAR_POS], tab[COV_PV], tab[VAR_VEL]
         grow = var_vel * (k * k)
         grow += (2.0 * k) * cov_pv
@@ -380,19 +395,17 @@ class Tracker:
         bookkeeping."""
         p = self.params
         g = self.table.take(rows, axis=1)
-        s = _size2(g[POS])
-        s *= _STD_POS**2  # measurement noise
-        var_pos, cov_pv, var_vel = g[VAR_POS], g[COV_PV], g[VAR_VEL]
-        s += var_pos
-        gain_pos = var_pos / s
-        gain_vel = cov_pv / s
+        k = g.shape[1]
+        r = _size2(g[POS])
+        r *= _STD_POS**2  # measurement noise
+        s = g[VAR_POS] + r
+        gain = g[8:16].reshape(2, 4, k) / s  # position and velocity gains: cov(pos, .) / S
+        r /= s  # 1 - position gain
         innovation = _cxcywh(cur[0:4])
         innovation -= g[POS]
-        g[POS] += gain_pos * innovation
-        g[VEL] += gain_vel * innovation
-        var_vel -= gain_vel * cov_pv  # before cov_pv changes
-        cov_pv -= gain_pos * cov_pv
-        var_pos -= gain_pos * var_pos
+        g[0:8].reshape(2, 4, k)[...] += gain * innovation
+        g[VAR_VEL] -= gain[1] * g[COV_PV]  # var(vel) - cov(pos, vel)^2 / S, before cov(pos, vel) shrinks
+        g[8:16].reshape(2, 4, k)[...] *= r  # var(pos) and cov(pos, vel) times (1 - position gain)
         g[CUR] = cur
         g[LAST_T] = t
         hits = g[HITS]

@@ -149,9 +149,10 @@ def _anchor_offsets(specs: Sequence[RegionSpec]) -> np.ndarray:
     return np.array([ANCHORS[s.anchor] for s in specs], np.float64).reshape(len(specs), 2).T
 
 
-def _classes(table: np.ndarray, n_classes: int) -> np.ndarray:
+def classes(table: np.ndarray, n_classes: int) -> np.ndarray:
+    """(tracks,) class index of each track for the label masks: ids beyond the labels map to n_classes."""
     cls = table[CLS].astype(np.intp)
-    cls[(cls < 0) | (cls >= n_classes)] = n_classes
+    np.minimum(cls, n_classes, out=cls)  # class ids are never negative
     return cls
 
 
@@ -188,6 +189,7 @@ class Zones:
         self.n_classes = n_classes
         z = len(self.specs)
         self._mask = _label_mask(self.specs, n_classes)
+        self._any_label = all(s.labels is None for s in self.specs)
         self._offsets = _anchor_offsets(self.specs)  # (2, Z)
         self._one_anchor = len({s.anchor for s in self.specs}) <= 1
         self._inertia = np.array([s.inertia for s in self.specs], np.int16)
@@ -222,8 +224,9 @@ class Zones:
         self._edge_zone = np.asarray(owner, np.intp)
         self._size = size
 
-    def test(self, table: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """(tracks, Z) bool: each track's anchor inside each zone and the zone counting its class."""
+    def test(self, table: np.ndarray, cls: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """(tracks, Z) bool: each track's anchor inside each zone and the zone counting its class
+        (``cls``: from ``classes``)."""
         if self._size != size:
             self._compile(size)
         pos = table[POS]
@@ -241,25 +244,26 @@ class Zones:
         xint += self._ex1
         crosses &= x < xint
         inside = np.logical_xor.reduceat(crosses, self._starts, axis=1)
-        inside &= self._mask.take(_classes(table, self.n_classes), axis=0)
+        if not self._any_label:
+            inside &= self._mask.take(cls, axis=0)
         return inside
 
     def update(
         self,
         table: np.ndarray,
-        active: np.ndarray,
+        cls: np.ndarray,
+        inactive: np.ndarray,
         confirmed: np.ndarray,
         ts: float,
         size: tuple[int, int],
         out: list[Transition],
     ) -> bool:
-        """One frame, after the tracker's step (and ``follow``): ``active`` (tracks,) confirmed tracks seen
-        in this frame, ``confirmed`` indices of tracks confirmed in it. Appends enters and leaves to ``out``;
-        True when a count changed."""
-        raw = self.test(table, size)
-        raw &= active[:, None]
+        """One frame, after the tracker's step (and ``follow``): ``inactive`` (tracks, 1) tracks not both
+        confirmed and seen in this frame (they keep their state), ``confirmed`` indices of tracks confirmed in
+        it. Appends enters and leaves to ``out``; True when a count changed."""
+        raw = self.test(table, cls, size)
+        np.copyto(raw, self.inside, where=inactive)
         differs = raw != self.inside
-        differs &= active[:, None]
         streak = self._streak
         streak += 1
         streak *= differs
@@ -272,15 +276,16 @@ class Zones:
         self.inside ^= flip
         tracks, zones = flip.nonzero()
         ids = table[ID].take(tracks).astype(np.int64)
-        cls = table[CLS].take(tracks).astype(np.int64)
+        class_ids = table[CLS].take(tracks).astype(np.int64)
         for k, (t, z) in enumerate(zip(tracks.tolist(), zones.tolist(), strict=True)):
             if self.inside[t, z]:
                 self.entered_at[t, z] = ts
                 self.visited[t, z] = True
-                out.append(Transition("zone_enter", z, int(ids[k]), int(cls[k])))
+                out.append(Transition("zone_enter", z, int(ids[k]), int(class_ids[k])))
             else:
-                out.append(Transition("zone_leave", z, int(ids[k]), int(cls[k]), ts - self.entered_at[t, z]))
-        self._count(table)
+                dwell = ts - self.entered_at[t, z]
+                out.append(Transition("zone_leave", z, int(ids[k]), int(class_ids[k]), dwell))
+        self._count(cls)
         return True
 
     def follow(self, row_map: np.ndarray) -> None:
@@ -305,15 +310,14 @@ class Zones:
         """(len(rows), Z) bool: zones each of these tracks has been in."""
         return self.visited.take(rows, axis=0)
 
-    def _count(self, table: np.ndarray) -> None:
+    def _count(self, cls: np.ndarray) -> None:
         tracks, zones = self.inside.nonzero()
-        cls = _classes(table, self.n_classes).take(tracks)
         width = self.n_classes + 1
-        counts = np.bincount(zones * width + cls, minlength=len(self.specs) * width)
+        counts = np.bincount(zones * width + cls.take(tracks), minlength=len(self.specs) * width)
         self.counts = counts.reshape(len(self.specs), width)
 
-    def recount(self, table: np.ndarray) -> None:
-        self._count(table)
+    def recount(self, cls: np.ndarray) -> None:
+        self._count(cls)
 
     def clear(self) -> None:
         """Every track out of every zone, counts zero (a reset: the caller reports the leaves first)."""
@@ -358,45 +362,47 @@ class Lines:
     def update(
         self,
         table: np.ndarray,
-        active: np.ndarray,
+        cls: np.ndarray,
+        inactive: np.ndarray,
         confirmed: np.ndarray,
         size: tuple[int, int],
         out: list[Transition],
     ) -> bool:
-        """One frame (after ``follow``): sides of the ``active`` tracks; crossings appended to ``out``;
-        True when a count changed. Tracks confirmed in this frame only take their side."""
+        """One frame (after ``follow``): sides of the tracks seen (not ``inactive``); crossings appended to
+        ``out``; True when a count changed. Tracks confirmed in this frame only take their side."""
         if self._size != size:
             self._compile(size)
         pos = table[POS]
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
-        x = cx + w * self._offsets[0]
+        x = cx + w * self._offsets[0] if self._offsets[0].any() else cx
         y = cy + h * self._offsets[1]
         dist = x * self._nx
         dist += y * self._ny
         dist -= self._c
         eps = LINE_HYSTERESIS * h
         now = (dist > eps).view(np.int8) - (dist < -eps).view(np.int8)
-        now *= active[:, None]
+        np.copyto(now, 0, where=inactive)
         crossed = (now * self.side) < 0
-        known = now != 0
         if confirmed.size:
             crossed[confirmed] = False
-        self.side[known] = now[known]
+        np.copyto(self.side, now, where=now != 0)
         if not np.count_nonzero(crossed):
             return False
         tracks, lines = crossed.nonzero()
         changed = False
         for t, j in zip(tracks.tolist(), lines.tolist(), strict=True):
-            u = x[t, j] * self._ux[j] + y[t, j] * self._uy[j] - self._u0[j]
+            u = x[t, j % x.shape[1]] * self._ux[j] + y[t, j] * self._uy[j] - self._u0[j]
             if not 0.0 <= u <= 1.0:
                 continue  # went round the end of the segment: a new side, no crossing
-            cls = int(table[CLS, t])
-            if not self._mask[min(max(cls, 0), self.n_classes), j]:
+            c = int(cls[t])
+            if not self._mask[c, j]:
                 continue
             direction = 0 if now[t, j] > 0 else 1
-            self.counts[j, direction, min(max(cls, 0), self.n_classes)] += 1
+            self.counts[j, direction, c] += 1
             out.append(
-                Transition("line_cross", j, int(table[ID, t]), cls, direction=("in", "out")[direction])
+                Transition(
+                    "line_cross", j, int(table[ID, t]), int(table[CLS, t]), direction=("in", "out")[direction]
+                )
             )
             changed = True
         return changed

@@ -724,3 +724,122 @@ def test_entities_read_unavailable_after_kill_9(
     # The retained camera state still says streaming; availability is what makes HA show the truth.
     assert render(streaming["value_template"], after[streaming["state_topic"]]) == "ON"
     assert not any(available(c, after) for c in configs.values())
+
+
+# ---- zones and lines (agent.events) ----
+def zone_and_line_states(
+    cfg: AgentConfig, camera: str, frames: list[list[tuple[float, int]]]
+) -> dict[str, bytes]:
+    """The retained zone/line payloads agent.events publishes after ``frames`` (each: objects as
+    (bottom-centre x in pixels, class id)), latest per topic."""
+    from agent.events import CameraEvents
+
+    class Out:
+        def __init__(self) -> None:
+            self.topics = Topics(cfg.mqtt.prefix, cfg.device_id)
+            self.retained: dict[str, bytes] = {}
+
+        def publish(self, topic: str, body: bytes, *, state: bool, qos: int) -> None:
+            if state:
+                self.retained[topic] = body
+
+        def connected(self) -> bool:
+            return True
+
+    out = Out()
+    events = CameraEvents(camera, cfg.cameras[camera], LABELS, "labels", out)
+    events.publish_states()
+    for i, objects in enumerate(frames):
+        n = len(objects)
+        boxes = np.asarray([(x - 10, 40, x + 10, 70) for x, _ in objects], np.float32).reshape(n, 4)
+        dets = Detections(boxes, np.full(n, 0.9, np.float32), np.asarray([c for _, c in objects], np.int32))
+        events(
+            Frame(camera, i, np.zeros((72, 128, 3), np.uint8), 1000.0 + i / 25, {"captured": i / 25}), dets
+        )
+    return out.retained
+
+
+def zones_cfg(**camera: Any) -> AgentConfig:
+    gate = {
+        "url": "rtsp://10.0.0.21/s",
+        "model": "detector",
+        "zones": {
+            "drive.way": {
+                "polygon": [[0.5, 0], [1, 0], [1, 1], [0.5, 1]],
+                "labels": ["car", "traffic light"],
+            },
+            "porch": {"polygon": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]},
+        },
+        "lines": {"gate": {"points": [[0.5, 0], [0.5, 1]]}},
+        **camera,
+    }
+    return make_cfg({"gate": gate})
+
+
+def test_zone_and_line_entities_are_what_home_assistant_accepts() -> None:
+    cfg = zones_cfg(classes=["person", "car", "traffic light"])
+    msgs = messages(cfg)
+    ids = {t.split("/")[-2] for t in msgs}
+    assert {
+        "gate_zone_drive_way_occupancy",
+        "gate_zone_drive_way_car_count",
+        "gate_zone_drive_way_traffic_light_count",
+        "gate_zone_porch_occupancy",
+        "gate_zone_porch_person_count",  # no labels of its own: the camera's classes
+        "gate_zone_porch_car_count",
+        "gate_line_gate_in",
+        "gate_line_gate_out",
+    } <= ids
+    for topic, body in msgs.items():
+        component = TOPIC_MATCHER.fullmatch(topic.removeprefix("homeassistant/"))
+        assert component is not None
+        assert check_home_assistant_config(component["component"], body) == [], (topic, body)
+    topics = Topics("edge-agent", "yard-01")
+    occupancy = entity(msgs, "gate_zone_drive_way_occupancy")
+    assert occupancy["device_class"] == "occupancy" and occupancy["state_topic"] == topics.zone(
+        "gate", "drive.way"
+    )
+    assert "expire_after" not in occupancy  # retained, on change: quiet for hours is normal
+    line_in = entity(msgs, "gate_line_gate_in")
+    assert line_in["state_class"] == "total_increasing" and line_in["state_topic"] == topics.line(
+        "gate", "gate"
+    )
+
+
+def test_zone_and_line_templates_read_the_published_states() -> None:
+    cfg = zones_cfg()
+    msgs = messages(cfg)
+    # A car drives from the left half across the line into the right half; a person stays left.
+    frames = [[(20 + 4 * i, 2), (30, 0)] for i in range(25)]
+    retained = zone_and_line_states(cfg, "gate", frames)
+    topics = Topics("edge-agent", "yard-01")
+
+    def state(object_id: str) -> str:
+        config = entity(msgs, object_id)
+        return render(config["value_template"], retained[config["state_topic"]])
+
+    assert state("gate_zone_drive_way_occupancy") == "ON"
+    assert state("gate_zone_drive_way_car_count") == "1"
+    assert state("gate_zone_drive_way_traffic_light_count") == "0"
+    assert state("gate_zone_porch_person_count") == "1" and state("gate_zone_porch_car_count") == "0"
+    assert (state("gate_line_gate_in"), state("gate_line_gate_out")) == ("0", "1")
+    assert topics.zone("gate", "porch") in retained
+    for object_id in ("gate_zone_drive_way_car_count", "gate_line_gate_in"):
+        template = entity(msgs, object_id)["value_template"]
+        for foreign in (b"", b"not json", b"{}", b'{"counts": 3}'):
+            assert render(template, foreign, LENIENT) == PAYLOAD_NONE
+
+
+def test_publish_detections_off_drops_the_entities_that_read_detections() -> None:
+    msgs = messages(zones_cfg(publish={"detections": "off"}))
+    ids = {t.split("/")[-2] for t in msgs}
+    assert "gate_streaming" in ids and "gate_zone_porch_occupancy" in ids
+    assert not any(
+        i.endswith("_latency") or (i.startswith("gate_") and "zone" not in i and i.endswith("_count"))
+        for i in ids
+    )
+    old = zones_cfg()
+    gone = removed_topics(old, zones_cfg(publish={"detections": "off"}))
+    assert any(t.endswith("/gate_latency/config") for t in gone)
+    assert not removed_topics(old, old)
+    assert {t for t in removed_topics(old, zones_cfg(zones={})) if "_zone_" in t}  # zones removed: deleted

@@ -152,6 +152,16 @@ def test_line_direction_in_and_out() -> None:
     assert walk.an.lines.counts[0, :, PERSON].tolist() == [1, 1]
 
 
+def test_several_lines_with_their_own_anchors() -> None:
+    lines = (MIDDLE, RegionSpec("line", "quarter", ((0.25, 1.0), (0.25, 0.0)), anchor="left_center"))
+    walk = Walk(analytics(lines=lines))
+    for x in range(100, 700, 10):
+        walk.step((x, 300, PERSON))
+    # "quarter" points up: left to right is "in"; its anchor (the box's left edge) crosses 20 px later.
+    crossings = [(walk.an.lines.specs[tr.region].name, tr.direction) for _, tr in walk.log]
+    assert crossings == [("quarter", "in"), ("middle", "out")]
+
+
 def test_a_horizontal_line_drawn_left_to_right_counts_downwards_as_in() -> None:
     line = RegionSpec("line", "door", ((0.2, 0.5), (0.8, 0.5)))
     walk = Walk(analytics(lines=(line,)))

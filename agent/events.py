@@ -1,0 +1,542 @@
+"""Tracking, zones and lines of a camera turned into MQTT events and retained counts (docs/DESIGN.md).
+
+One ``CameraEvents`` per camera with tracking on. The model's worker calls it for every frame (it is the
+camera route's ``analytics``, pipelines.scheduler): it runs pipelines.analytics.CameraAnalytics and
+publishes what happened, under a lock that ``reset`` (camera reconnect or stop) and ``reconfigure``
+(SIGHUP) take too, so events of one camera keep their order (no ``end`` before its ``new``).
+
+On ``{prefix}/{device}/cameras/{camera}/events`` (QoS 1, not retained; schema edge-agent/event/1), per
+object: ``new`` (confirmed), ``update`` (its zones changed, or it moved ``events.update_move`` of the
+picture's diagonal since its last event; at most one per ``events.update_interval_s``), ``end`` (lost,
+or every track ended: gap, reconnect, stopped, removed, reconfigured); per zone ``zone_enter`` /
+``zone_leave``; per line ``line_cross``. Retained, on change: ``cameras/{camera}/zones/{zone}``
+(occupancy and counts by label; schema edge-agent/zone/1) and ``cameras/{camera}/lines/{line}`` (counts
+by direction and label; edge-agent/line/1). With ``events.snapshot.enabled``, a JPEG of the object's
+best detection follows its ``end`` on ``cameras/{camera}/tracks/{track_id}/snapshot`` (at most one per
+``min_interval_s`` per camera, only while connected). Payloads never hold the camera's URL.
+
+The per-frame work here is vectorised over tracks; Python per object runs only for objects that have an
+event in the frame.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent import snapshot
+from agent.config import CameraConfig, ConfigError, EventsConfig
+from agent.topics import Topics, payload
+from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
+from pipelines.frames import Detections, Frame, host_image
+from pipelines.tracking import (
+    BEST_BOX,
+    BEST_FRAME,
+    BEST_SCORE,
+    BEST_TS,
+    BOX,
+    CLS,
+    FIRST_SEEN,
+    ID,
+    LAST_FRAME,
+    LAST_SEEN,
+    POS,
+    SCORE,
+    TrackerParams,
+)
+from pipelines.zones import RegionSpec
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = ("new", "update", "end", "zone_enter", "zone_leave", "line_cross")
+_CROP_MARGIN = 0.15  # snapshot crops: the best box grown by this fraction of its size on each side
+
+
+class Publisher(Protocol):
+    """Where events go (the daemon's MQTT client as it is now: a reload may replace it)."""
+
+    @property
+    def topics(self) -> Topics: ...
+
+    def publish(self, topic: str, body: bytes, *, state: bool, qos: int) -> None: ...
+
+    def connected(self) -> bool: ...
+
+
+# ---- config -> settings ----
+def _class_ids(
+    key: str, names: list[str] | None, index: dict[str, int], source: str
+) -> tuple[int, ...] | None:
+    if names is None:
+        return None
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise ConfigError(f"{key}: unknown label {unknown[0]!r} (labels: {source})")
+    return tuple(index[n] for n in names)
+
+
+def analytics_settings(
+    camera: str, cam: CameraConfig, labels: list[str], labels_src: str
+) -> AnalyticsSettings:
+    """The camera's analytics settings; ConfigError (naming the key) for a label not in the model's labels."""
+    index = {name: i for i, name in enumerate(labels)}
+    size = (cam.frame_size.w, cam.frame_size.h) if cam.frame_size is not None else None
+    zones = tuple(
+        RegionSpec(
+            "zone",
+            name,
+            tuple(z.polygon),
+            _class_ids(f"cameras.{camera}.zones.{name}.labels", z.labels, index, labels_src),
+            z.anchor,
+            z.inertia,
+            size if z.units == "pixels" else None,
+        )
+        for name, z in cam.zones.items()
+    )
+    lines = tuple(
+        RegionSpec(
+            "line",
+            name,
+            tuple(ln.points),
+            _class_ids(f"cameras.{camera}.lines.{name}.labels", ln.labels, index, labels_src),
+            ln.anchor,
+            1,
+            size if ln.units == "pixels" else None,
+        )
+        for name, ln in cam.lines.items()
+    )
+    tr = cam.tracking
+    new_score = tr.new_track_score if tr.new_track_score is not None else min(1.0, cam.min_score + 0.1)
+    params = TrackerParams(
+        high_score=cam.min_score,
+        new_score=new_score,
+        low_score=tr.low_score,
+        match_iou=tr.match_iou,
+        min_hits=tr.min_hits,
+        max_lost_s=tr.max_lost_s,
+    )
+    return AnalyticsSettings(params, cam.min_score, tr.reset_gap_s, zones, lines)
+
+
+def track_floor(cam: CameraConfig) -> float:
+    """The score a camera's route keeps: down to tracking.low_score while tracking is on."""
+    return min(cam.min_score, cam.tracking.low_score) if cam.tracking.enabled else cam.min_score
+
+
+# ---- the publisher per camera ----
+@dataclass
+class _Snapshots:
+    """Crops of each track's best detection (aligned with the tracker's tracks); the camera's rate limit."""
+
+    crops: np.ndarray  # object array of HxWx3 uint8 crops (None until one is taken)
+    last_sent: float = -math.inf
+
+
+class CameraEvents:
+    """Analytics and events of one camera (see the module docstring)."""
+
+    def __init__(
+        self, camera: str, cam: CameraConfig, labels: list[str], labels_src: str, out: Publisher
+    ) -> None:
+        self.camera = camera
+        self.labels = labels
+        self._out = out
+        self._lock = threading.Lock()
+        self._cfg: EventsConfig = cam.events
+        self._settings = analytics_settings(camera, cam, labels, labels_src)
+        self.analytics = CameraAnalytics(self._settings, len(labels))
+        self._zone_labels = {n: z.labels or cam.classes for n, z in cam.zones.items()}
+        self._line_labels = {n: ln.labels or cam.classes for n, ln in cam.lines.items()}
+        # Per track (aligned with the tracker's tracks): wall clock and centre at its last event, and
+        # whether its zones changed since.
+        self._last_ts = np.zeros(0)
+        self._last_xy = np.zeros((2, 0))
+        self._pending = np.zeros(0, bool)
+        self._announced = np.zeros(0, bool)  # had its `new` event (events.objects decides when)
+        self._snap = _Snapshots(np.empty(0, object))
+        self._published_zones: dict[str, bytes] = {}
+        self._published_lines: dict[str, bytes] = {}
+        self.counts: Counter[str] = Counter()  # events published, by type; also "snapshots", "errors"
+        self.tracks_started = 0
+        self._error_logged = -math.inf
+
+    # ---- the route hook (the model's delivery thread) ----
+    def __call__(self, frame: Frame, dets: Detections) -> Analysis:
+        h, w = frame.image.shape[:2]
+        t = frame.stamps.get("captured", frame.ts_capture)
+        with self._lock:
+            try:
+                analysis = self.analytics.process(dets, t, frame.ts_capture, frame.frame_id, (int(w), int(h)))
+            except Exception:
+                return self._failed(frame, dets)
+            self._emit(analysis, frame)
+        return analysis
+
+    def _failed(self, frame: Frame, dets: Detections) -> Analysis:
+        """A bug in the analytics must not stop detections: report this frame untracked, start afresh."""
+        self.counts["errors"] += 1
+        now = time.monotonic()
+        if now - self._error_logged > 60.0:
+            self._error_logged = now
+            log.exception(
+                "camera %s: tracking failed; tracks reset, detections go out untracked", self.camera
+            )
+        self.analytics = CameraAnalytics(self._settings, len(self.labels))
+        self._follow(None, 0)
+        reported = dets.select(dets.scores >= self._settings.min_score)
+        tracker = self.analytics.tracker
+        return Analysis(
+            reported,
+            np.zeros(len(reported), np.int64),
+            frame.ts_capture,
+            frame.frame_id,
+            (0, 0),
+            tracker.table,
+            tracker.reset("error"),
+            np.zeros(0, bool),
+        )
+
+    # ---- from other threads ----
+    def reset(self, reason: str) -> None:
+        """End every track now (camera reconnecting, stopped, removed): end events, zone leaves, counts."""
+        with self._lock:
+            self._emit(self.analytics.reset(reason, time.time()), None)
+
+    def reconfigure(self, cam: CameraConfig, labels: list[str], labels_src: str) -> None:
+        """New zones, lines, tracking or events settings in place (SIGHUP). Retained states of zones and
+        lines that are gone are deleted; the others are published again."""
+        settings = analytics_settings(self.camera, cam, labels, labels_src)  # raises before any change
+        with self._lock:
+            gone_zones = set(self._published_zones) - set(cam.zones)
+            gone_lines = set(self._published_lines) - set(cam.lines)
+            self._cfg = cam.events
+            self.labels = labels
+            self._zone_labels = {n: z.labels or cam.classes for n, z in cam.zones.items()}
+            self._line_labels = {n: ln.labels or cam.classes for n, ln in cam.lines.items()}
+            self._settings = settings
+            result = self.analytics.reconfigure(settings, time.time())
+            if result is not None:
+                self._emit(result, None)
+            topics = self._out.topics
+            for name in sorted(gone_zones):
+                self._out.publish(topics.zone(self.camera, name), b"", state=True, qos=1)
+                self._published_zones.pop(name, None)
+            for name in sorted(gone_lines):
+                self._out.publish(topics.line(self.camera, name), b"", state=True, qos=1)
+                self._published_lines.pop(name, None)
+            self._publish_states(force=True)
+
+    def publish_states(self) -> None:
+        """Every zone's and line's retained state (at start: zeros, replacing a previous run's)."""
+        with self._lock:
+            self._publish_states(force=True)
+
+    def close(self, reason: str, clear: bool) -> None:
+        """The camera stops (``reason`` stopped / removed): its tracks end; with ``clear`` its retained zone
+        and line states are deleted."""
+        self.reset(reason)
+        if clear:
+            with self._lock:
+                topics = self._out.topics
+                for name in sorted(self._published_zones):
+                    self._out.publish(topics.zone(self.camera, name), b"", state=True, qos=1)
+                for name in sorted(self._published_lines):
+                    self._out.publish(topics.line(self.camera, name), b"", state=True, qos=1)
+                self._published_zones.clear()
+                self._published_lines.clear()
+
+    def region_topics(self, topics: Topics) -> set[str]:
+        """The retained zone and line topics this camera publishes now."""
+        s = self._settings
+        return {topics.zone(self.camera, z.name) for z in s.zones} | {
+            topics.line(self.camera, ln.name) for ln in s.lines
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """For telemetry: active tracks, tracks started, events by type, zone and line counts."""
+        with self._lock:
+            an = self.analytics
+            return {
+                "tracks_active": int(np.count_nonzero(an.tracker.table[ID] > 0)),
+                "tracks_started": self.tracks_started,
+                "events": {k: self.counts.get(k, 0) for k in (*EVENT_TYPES, "snapshots", "errors")},
+                "zones": {z.name: self._zone_counts(j) for j, z in enumerate(an.zones.specs)},
+                "lines": {ln.name: self._line_counts(j)[0] for j, ln in enumerate(an.lines.specs)},
+            }
+
+    # ---- emitting (under the lock) ----
+    def _emit(self, a: Analysis, frame: Frame | None) -> None:
+        step = a.step
+        enabled = self._cfg.enabled
+        # Tracks that ended: zone leaves, then their ends (their crops still at their old rows).
+        if enabled:
+            for tr in a.transitions:
+                if tr.reason is not None:
+                    self._zone_event(tr, a)
+        if step.ended is not None and len(step.ended):
+            if enabled:
+                self._ends(a, self._announced.take(step.ended.rows))
+            self._drop_crops(step.ended.rows)
+        n = a.table.shape[1]
+        if a.reset is not None:
+            self._follow(np.full(n, -1, np.intp), n)  # every track after a reset is new
+        elif step.row_map is not None:
+            self._follow(step.row_map, n)
+        if frame is not None and self._cfg.snapshot.enabled and step.improved.size:
+            self._crop(a, frame)
+        self.tracks_started += int(step.confirmed.size)
+        if enabled:
+            objects = self._cfg.objects
+            if objects == "all":
+                for row in step.confirmed.tolist():
+                    self._object_event("new", a, row)
+            for tr in a.transitions:
+                if tr.reason is not None:
+                    continue
+                if tr.kind == "line_cross":
+                    self._line_event(tr, a)
+                    continue
+                if objects == "in_zones" and tr.kind == "zone_enter":
+                    row = self._row_of(a, tr.track_id)
+                    if row is not None and not self._announced[row]:
+                        self._object_event("new", a, row)  # its first zone: the object becomes an event
+                self._zone_event(tr, a)
+            if objects != "none":
+                self._updates(a)
+        if a.zones_changed or a.lines_changed:
+            self._publish_states(force=False)
+
+    def _follow(self, row_map: np.ndarray | None, n: int) -> None:
+        if row_map is None:  # start afresh
+            row_map = np.zeros(0, np.intp)
+        kept = row_map >= 0
+        src = row_map[kept]
+        last_ts = np.zeros(n)
+        last_ts[kept] = self._last_ts.take(src)
+        last_xy = np.zeros((2, n))
+        last_xy[:, kept] = self._last_xy.take(src, axis=1)
+        pending = np.zeros(n, bool)
+        pending[kept] = self._pending.take(src)
+        announced = np.zeros(n, bool)
+        announced[kept] = self._announced.take(src)
+        self._last_ts, self._last_xy, self._pending, self._announced = last_ts, last_xy, pending, announced
+        if self._cfg.snapshot.enabled or self._snap.crops.size:
+            crops = np.empty(n, object)
+            crops[kept] = self._snap.crops.take(src) if self._snap.crops.size else None
+            self._snap.crops = crops
+
+    def _updates(self, a: Analysis) -> None:
+        """``update`` events: zones changed or moved far since the object's last event, rate-limited."""
+        n = a.table.shape[1]
+        if not n:
+            return
+        xy = a.table[POS][0:2]
+        moved = np.hypot(xy[0] - self._last_xy[0], xy[1] - self._last_xy[1])
+        w, h = a.size
+        due = moved >= self._cfg.update_move * math.hypot(w, h)
+        due |= self._pending
+        due &= self._announced
+        due &= a.active
+        due &= (a.ts - self._last_ts) >= self._cfg.update_interval_s
+        if a.step.confirmed.size:
+            due[a.step.confirmed] = False
+        if np.count_nonzero(due):
+            for row in due.nonzero()[0].tolist():
+                self._object_event("update", a, row)
+
+    def _object_event(self, kind: str, a: Analysis, row: int) -> None:
+        col = a.table[:, row]
+        body = self._object_fields(kind, col)
+        body["frame_id"] = a.frame_id
+        inside = a.inside
+        body["zones"] = self._zone_names(inside[row]) if inside is not None else []
+        body["entered_zones"] = (
+            self._zone_names(self.analytics.zones.visited[row]) if inside is not None else []
+        )
+        self._send(body, a.ts)
+        self._last_ts[row] = a.ts
+        self._last_xy[:, row] = col[POS][0:2]
+        self._pending[row] = False
+        self._announced[row] = True
+
+    def _object_fields(self, kind: str, col: np.ndarray) -> dict[str, Any]:
+        cls = int(col[CLS])
+        return {
+            "type": kind,
+            "track_id": int(col[ID]),
+            "label": self._label(cls),
+            "class_id": cls,
+            "first_seen": round(float(col[FIRST_SEEN]), 3),
+            "last_seen": round(float(col[LAST_SEEN]), 3),
+            "score": round(float(col[SCORE]), 3),
+            "box": [round(float(v), 1) for v in col[BOX]],
+            "best": {
+                "score": round(float(col[BEST_SCORE]), 3),
+                "box": [round(float(v), 1) for v in col[BEST_BOX]],
+                "frame_id": int(col[BEST_FRAME]),
+                "ts": round(float(col[BEST_TS]), 3),
+            },
+        }
+
+    def _ends(self, a: Analysis, announced: np.ndarray) -> None:
+        ended = a.step.ended
+        assert ended is not None
+        visited = a.ended_zones
+        for k in announced.nonzero()[0].tolist():
+            col = ended.table[:, k]
+            body = self._object_fields("end", col)
+            body["frame_id"] = int(col[LAST_FRAME])  # its last detection's
+            body["reason"] = ended.reason
+            body["duration_s"] = round(float(col[LAST_SEEN] - col[FIRST_SEEN]), 3)
+            body["zones"] = []
+            body["entered_zones"] = self._zone_names(visited[k]) if visited is not None else []
+            body["snapshot"] = self._snapshot_due(ended.rows[k])
+            self._send(body, a.ts)
+            if body["snapshot"]:
+                self._send_snapshot(int(col[ID]), ended.rows[k])
+        self._drop_crops(ended.rows)
+
+    def _zone_event(self, tr: Any, a: Analysis) -> None:
+        spec = self.analytics.zones.specs[tr.region]
+        body: dict[str, Any] = {
+            "type": tr.kind,
+            "zone": spec.name,
+            "track_id": tr.track_id,
+            "label": self._label(tr.class_id),
+            "class_id": tr.class_id,
+            "frame_id": a.frame_id,
+        }
+        if tr.kind == "zone_leave":
+            body["dwell_s"] = round(float(tr.dwell_s or 0.0), 3)
+            body["reason"] = tr.reason
+        counts = self.analytics.zones.counts[tr.region]
+        body["count"] = int(counts.sum())
+        self._send(body, a.ts)
+        if tr.reason is None:
+            row = self._row_of(a, tr.track_id)
+            if row is not None:
+                self._pending[row] = True  # the object's zones changed: an update is due
+
+    @staticmethod
+    def _row_of(a: Analysis, track_id: int) -> int | None:
+        rows = (a.table[ID] == track_id).nonzero()[0]
+        return int(rows[0]) if rows.size else None
+
+    def _line_event(self, tr: Any, a: Analysis) -> None:
+        spec = self.analytics.lines.specs[tr.region]
+        counts, _ = self._line_counts(tr.region)
+        body = {
+            "type": "line_cross",
+            "line": spec.name,
+            "direction": tr.direction,
+            "track_id": tr.track_id,
+            "label": self._label(tr.class_id),
+            "class_id": tr.class_id,
+            "frame_id": a.frame_id,
+            "counts": counts,
+        }
+        self._send(body, a.ts)
+
+    def _send(self, body: dict[str, Any], ts: float) -> None:
+        self.counts[body["type"]] += 1
+        topics = self._out.topics
+        self._out.publish(
+            topics.events(self.camera),
+            payload("event", ts=ts, camera=self.camera, **body),
+            state=False,
+            qos=1,
+        )
+
+    # ---- retained zone and line states ----
+    def _zone_counts(self, j: int) -> dict[str, int]:
+        zones = self.analytics.zones
+        row = zones.counts[j] if j < len(zones.counts) else np.zeros(0, np.int64)
+        spec = zones.specs[j]
+        named = self._zone_labels.get(spec.name) or []
+        out = {label: 0 for label in named}
+        for cls in row.nonzero()[0].tolist():
+            out[self._label(cls)] = int(row[cls])
+        return out
+
+    def _line_counts(self, j: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        counts = self.analytics.lines.counts[j]  # (2, classes)
+        total = {"in": int(counts[0].sum()), "out": int(counts[1].sum())}
+        named = self._line_labels.get(self.analytics.lines.specs[j].name) or []
+        by_label = {label: {"in": 0, "out": 0} for label in named}
+        for cls in (counts[0] + counts[1]).nonzero()[0].tolist():
+            by_label[self._label(cls)] = {"in": int(counts[0, cls]), "out": int(counts[1, cls])}
+        return total, by_label
+
+    def _publish_states(self, force: bool) -> None:
+        topics = self._out.topics
+        for j, spec in enumerate(self.analytics.zones.specs):
+            counts = self._zone_counts(j)
+            total = sum(counts.values())
+            key = f"{total}:{sorted(counts.items())}".encode()
+            if not force and self._published_zones.get(spec.name) == key:
+                continue
+            self._published_zones[spec.name] = key
+            body = payload(
+                "zone", camera=self.camera, zone=spec.name, occupied=total > 0, count=total, counts=counts
+            )
+            self._out.publish(topics.zone(self.camera, spec.name), body, state=True, qos=1)
+        for j, spec in enumerate(self.analytics.lines.specs):
+            total, by_label = self._line_counts(j)
+            key = f"{total}:{sorted(by_label.items())}".encode()
+            if not force and self._published_lines.get(spec.name) == key:
+                continue
+            self._published_lines[spec.name] = key
+            body = payload("line", camera=self.camera, line=spec.name, counts=total, by_label=by_label)
+            self._out.publish(topics.line(self.camera, spec.name), body, state=True, qos=1)
+
+    # ---- best-detection snapshots ----
+    def _crop(self, a: Analysis, frame: Frame) -> None:
+        image = host_image(frame.image)
+        h, w = image.shape[:2]
+        for row in a.step.improved.tolist():
+            x1, y1, x2, y2 = a.table[BEST_BOX, row]
+            mx, my = (x2 - x1) * _CROP_MARGIN, (y2 - y1) * _CROP_MARGIN
+            left, top = max(0, int(x1 - mx)), max(0, int(y1 - my))
+            right, bottom = min(w, math.ceil(x2 + mx)), min(h, math.ceil(y2 + my))
+            if right > left and bottom > top:
+                self._snap.crops[row] = image[top:bottom, left:right].copy()
+
+    def _snapshot_due(self, row: int) -> bool:
+        crops = self._snap.crops
+        if not self._cfg.snapshot.enabled or row >= crops.size or crops[row] is None:
+            return False
+        now = time.monotonic()
+        if now - self._snap.last_sent < self._cfg.snapshot.min_interval_s or not self._out.connected():
+            return False
+        self._snap.last_sent = now
+        return True
+
+    def _send_snapshot(self, track_id: int, row: int) -> None:
+        data = snapshot.jpeg(self._snap.crops[row], self._cfg.snapshot.quality)
+        self.counts["snapshots"] += 1
+        self._out.publish(self._out.topics.track_snapshot(self.camera, track_id), data, state=False, qos=0)
+
+    def _drop_crops(self, rows: np.ndarray) -> None:
+        crops = self._snap.crops
+        for row in rows.tolist():
+            if row < crops.size:
+                crops[row] = None
+
+    # ---- names ----
+    def _label(self, cls: int) -> str:
+        return self.labels[cls] if 0 <= cls < len(self.labels) else str(cls)
+
+    def _zone_names(self, mask: np.ndarray) -> list[str]:
+        specs = self.analytics.zones.specs
+        return [specs[j].name for j in mask.nonzero()[0].tolist()]
+
+
+EventsFactory = Callable[[str, CameraConfig], CameraEvents]
