@@ -21,7 +21,11 @@ Sections (`--sections`, all by default):
   itself (--engine ort, with its bare infer loop at the same batch as the baseline). With camera readers
   each run also has `startup` (seconds from start to each camera streaming) and `camera_fps` (each
   camera's own delivered rate); with --flap K each point runs twice, without and with K cameras whose
-  RTSP source drops them every --flap-every s, and `isolation` compares the steady cameras' share.
+  RTSP source drops them every --flap-every s, and `isolation` compares the steady cameras' share;
+- tracking (not in the default set): host CPU per frame of the tracker, of tracker + zones + lines, and
+  of the whole per-camera events hook at 1, 20 and 100 objects; IDF1 / ID switches on synthetic scenes,
+  also of the library trackers where installed; MQTT messages on the clip per configuration with
+  `publish.detections: off` (agent/bench_tracking.py).
 
 Writes bench.json and bench.png (throughput vs streams, latency vs batch; needs matplotlib) in --out and
 prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's dependencies are missing.
@@ -88,6 +92,10 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             report.update(_stages(opts, ort, adapter, labels))
         if "readers" in opts.sections:
             report["readers"] = _readers(opts)
+        if "tracking" in opts.sections:
+            from agent.bench_tracking import tracking_report  # needs the config's pydantic: only when asked
+
+            report["tracking"] = tracking_report(str(opts.clip), ort, adapter, labels)
         if "overhead" in opts.sections or "sweep" in opts.sections:
             images = read_clip(opts.clip, max(opts.clip_frames, RECORDED_FRAMES), opts.resolution)
             recorded = [ort.infer(adapter.preprocess([im])[0]) for im in images[:RECORDED_FRAMES]]
@@ -612,6 +620,10 @@ def summary(report: dict[str, Any]) -> str:
     if "fps_sequential" in report:
         infer = report["stages_ms"]["infer"]["p50"]
         parts.append(f" Sequential ONNX Runtime: {report['fps_sequential']} fps (infer p50 {infer} ms).")
+    if "tracking" in report:
+        from agent.bench_tracking import summary as tracking_summary
+
+        parts.append(" " + tracking_summary(report["tracking"]))
     return "".join(parts).strip()
 
 

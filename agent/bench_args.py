@@ -11,7 +11,7 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SECTIONS = ("stages", "overhead", "sweep")  # the default
-KNOWN_SECTIONS = (*SECTIONS, "readers")
+KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking")
 
 
 @dataclass
@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--sections",
         default=",".join(SECTIONS),
         help=f"any of {', '.join(KNOWN_SECTIONS)} (default: {', '.join(SECTIONS)}); readers: camera readers"
-        " alone, no model (per-camera rate, start-up time)",
+        " alone, no model (per-camera rate, start-up time); tracking: tracker, zones, lines and events per"
+        " frame at 1/20/100 objects, IDF1 and ID switches, MQTT messages on the clip",
     )
     p.add_argument("--model", type=Path, default=BenchOptions.model, help="ONNX model (default: bundled)")
     p.add_argument("--format", default="nanodet", help="its output layout (nanodet, yolov8, ...)")
