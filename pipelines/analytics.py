@@ -126,10 +126,11 @@ class CameraAnalytics:
             rows = step.det_rows.take(report)
         else:
             reported, rows = dets, step.det_rows
-        ids = np.zeros(rows.shape[0], np.int64)
-        tracked = rows >= 0
-        if np.count_nonzero(tracked):
-            ids[tracked] = table[ID].take(rows[tracked])
+        if table.shape[1]:
+            ids = table[ID].take(rows, mode="clip").astype(np.int64)  # -1 (no track) clipped to 0 ...
+            ids[rows < 0] = 0  # ... and zeroed
+        else:
+            ids = np.zeros(rows.shape[0], np.int64)
         if first_ended is not None:
             step.ended = _merge_ended(first_ended, step.ended)
             visits = _merge_visits(ended_visits, visits)

@@ -377,18 +377,20 @@ class Tracker:
 
     def _predict(self, k: float) -> None:
         tab = self.table
-        size2 = _size2(tab[POS])
+        n = tab.shape[1]
+        size2 = np.maximum(tab[2:4], 1.0)  # (w, h): the size x and w, y and h scale with
+        size2 *= size2
         tab[POS] += k * tab[VEL]
         np.maximum(tab[2:4], 1.0, out=tab[2:4])
         var_pos, cov_pv, var_vel = tab[VAR_POS], tab[COV_PV], tab[VAR_VEL]
         grow = var_vel * (k * k)
         grow += (2.0 * k) * cov_pv
-        size2 *= k
         var_pos += grow
-        var_pos += _STD_POS**2 * size2
+        size2 *= k * _STD_POS**2
+        var_pos.reshape(2, 2, n)[...] += size2  # rows (x, y), (w, h) against (w, h)
         cov_pv += k * var_vel
-        size2 *= _STD_VEL**2
-        var_vel += size2
+        size2 *= (_STD_VEL / _STD_POS) ** 2
+        var_vel.reshape(2, 2, n)[...] += size2
 
     def _correct(self, rows: np.ndarray, cur: np.ndarray, t: float, step: Step) -> None:
         """Kalman update of tracks ``rows`` with their detections (``cur``: (7, K) CUR layout), and their
@@ -396,16 +398,17 @@ class Tracker:
         p = self.params
         g = self.table.take(rows, axis=1)
         k = g.shape[1]
-        r = _size2(g[POS])
-        r *= _STD_POS**2  # measurement noise
-        s = g[VAR_POS] + r
-        gain = g[8:16].reshape(2, 4, k) / s  # position and velocity gains: cov(pos, .) / S
-        r /= s  # 1 - position gain
+        r = np.maximum(g[2:4], 1.0)
+        r *= r
+        r *= _STD_POS**2  # measurement noise of (x, w) and (y, h)
+        s = g[VAR_POS].reshape(2, 2, k) + r  # (x, y), (w, h)
+        gain = g[8:16].reshape(2, 4, k) / s.reshape(4, k)  # position and velocity gains: cov(pos, .) / S
+        r = r / s  # 1 - position gain, (2, 2, k)
         innovation = _cxcywh(cur[0:4])
         innovation -= g[POS]
         g[0:8].reshape(2, 4, k)[...] += gain * innovation
         g[VAR_VEL] -= gain[1] * g[COV_PV]  # var(vel) - cov(pos, vel)^2 / S, before cov(pos, vel) shrinks
-        g[8:16].reshape(2, 4, k)[...] *= r  # var(pos) and cov(pos, vel) times (1 - position gain)
+        g[8:16].reshape(2, 4, k)[...] *= r.reshape(4, k)  # var(pos), cov(pos, vel) times (1 - position gain)
         g[CUR] = cur
         g[LAST_T] = t
         hits = g[HITS]

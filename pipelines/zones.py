@@ -192,7 +192,12 @@ class Zones:
         self._any_label = all(s.labels is None for s in self.specs)
         self._offsets = _anchor_offsets(self.specs)  # (2, Z)
         self._one_anchor = len({s.anchor for s in self.specs}) <= 1
-        self._inertia = np.array([s.inertia for s in self.specs], np.int16)
+        self._anchor = ANCHORS[self.specs[0].anchor] if self.specs else (0.0, 0.0)
+        inertia = {s.inertia for s in self.specs}
+        # One number where every zone has the same (a scalar compare is cheaper than a broadcast one).
+        self._inertia: int | np.ndarray = (
+            inertia.pop() if len(inertia) == 1 else np.array([s.inertia for s in self.specs], np.int16)
+        )
         self._size: tuple[int, int] | None = None
         # State per (track, zone).
         self.inside = np.zeros((0, z), bool)  # in the zone (after inertia)
@@ -232,7 +237,7 @@ class Zones:
         pos = table[POS]
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
         if self._one_anchor:
-            ox, oy = self._offsets[:, 0]
+            ox, oy = self._anchor
             x = cx + ox * w if ox else cx
             y = cy + oy * h if oy else cy
         else:
@@ -339,6 +344,8 @@ class Lines:
         n = len(self.specs)
         self._mask = _label_mask(self.specs, n_classes)
         self._offsets = _anchor_offsets(self.specs)
+        # One anchor for every line (the usual case): (N, 1) anchors instead of (N, lines).
+        self._anchor = ANCHORS[self.specs[0].anchor] if len({s.anchor for s in self.specs}) == 1 else None
         self._size: tuple[int, int] | None = None
         self.side = np.zeros((0, n), np.int8)  # per (track, line): -1 left, +1 right, 0 not yet known
         self.counts = np.zeros((n, 2, n_classes + 1), np.int64)  # per line: [in, out] per class
@@ -374,8 +381,13 @@ class Lines:
             self._compile(size)
         pos = table[POS]
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
-        x = cx + w * self._offsets[0] if self._offsets[0].any() else cx
-        y = cy + h * self._offsets[1]
+        if self._anchor is not None:
+            ox, oy = self._anchor
+            x = cx + ox * w if ox else cx
+            y = cy + oy * h if oy else cy
+        else:
+            x = cx + w * self._offsets[0]
+            y = cy + h * self._offsets[1]
         dist = x * self._nx
         dist += y * self._ny
         dist -= self._c
@@ -391,7 +403,7 @@ class Lines:
         tracks, lines = crossed.nonzero()
         changed = False
         for t, j in zip(tracks.tolist(), lines.tolist(), strict=True):
-            u = x[t, j % x.shape[1]] * self._ux[j] + y[t, j] * self._uy[j] - self._u0[j]
+            u = x[t, j % x.shape[1]] * self._ux[j] + y[t, j % y.shape[1]] * self._uy[j] - self._u0[j]
             if not 0.0 <= u <= 1.0:
                 continue  # went round the end of the segment: a new side, no crossing
             c = int(cls[t])
