@@ -189,7 +189,11 @@ class CameraEvents:
             log.exception(
                 "camera %s: tracking failed; tracks reset, detections go out untracked", self.camera
             )
-        self.analytics = CameraAnalytics(self._settings, len(self.labels))
+        try:  # end the tracks it had, so every `new` still gets its `end`
+            self._emit(self.analytics.reset("error", frame.ts_capture), None)
+        except Exception:
+            log.debug("camera %s: the reset after the failure failed too", self.camera, exc_info=True)
+        self.analytics = CameraAnalytics(self._settings, len(self.labels), self.analytics.tracker.next_id)
         self._follow(None, 0)
         reported = dets.select(dets.scores >= self._settings.min_score)
         tracker = self.analytics.tracker

@@ -62,10 +62,10 @@ class Analysis:
 class CameraAnalytics:
     """Tracker + zones + lines of one camera."""
 
-    def __init__(self, settings: AnalyticsSettings, n_classes: int) -> None:
+    def __init__(self, settings: AnalyticsSettings, n_classes: int, first_id: int = 1) -> None:
         self.n_classes = n_classes
         self.settings = settings
-        self.tracker = Tracker(settings.tracker)
+        self.tracker = Tracker(settings.tracker, first_id)
         self.zones = Zones(settings.zones, n_classes)
         self.lines = Lines(settings.lines, n_classes)
         self._t: float | None = None  # monotonic time of the last frame

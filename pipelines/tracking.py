@@ -247,8 +247,8 @@ class Tracker:
     of ``Step`` means a track's index, i.e. its column here.
     """
 
-    def __init__(self, params: TrackerParams | None = None) -> None:
-        self._next_id = 1
+    def __init__(self, params: TrackerParams | None = None, first_id: int = 1) -> None:
+        self._next_id = first_id
         self._t: float | None = None
         self.table = np.zeros((ROWS, 0))
         self.configure(params or TrackerParams())
@@ -262,6 +262,11 @@ class Tracker:
 
     def __len__(self) -> int:
         return int(self.table.shape[1])
+
+    @property
+    def next_id(self) -> int:
+        """The id the next confirmed track gets."""
+        return self._next_id
 
     @property
     def t(self) -> float | None:

@@ -23,6 +23,7 @@ from agent.track_eval import load_recorded
 from pipelines.frames import Detections, Frame
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import Result
+from pipelines.tracking import ID
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = load_labels(REPO / "agent" / "assets" / "coco.names")
@@ -366,3 +367,26 @@ def test_events_only_cut_the_messages_tenfold_on_the_bundled_clip() -> None:
     # The others, for the record (README): every object's new/end cost more on this montage of short shots.
     n_all, kinds_all, _ = clip_messages({"zones": zone})
     assert kinds_all["new"] >= kinds_all["end"] >= kinds["zone_leave"] and n_all > n
+
+
+def test_a_failing_analytics_reports_untracked_and_ends_its_tracks(monkeypatch: pytest.MonkeyPatch) -> None:
+    events, out, feed = events_of(camera())
+    for _ in range(3):
+        feed.frame((300, 200, PERSON))
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(events.analytics, "process", broken)
+    analysis = feed.frame((300, 200, PERSON), (500, 200, CAR), score=0.3)  # 0.3: below min_score 0.4
+    assert len(analysis.detections) == 0 and analysis.track_ids.tolist() == []
+    analysis = feed.frame((300, 200, PERSON))  # a fresh analytics object serves again ...
+    assert len(analysis.detections) == 1
+    feed.frame((300, 200, PERSON))
+    assert events.analytics.tracker.table[ID].tolist() == [2]  # ... and never reuses an id
+    assert [(e["type"], e["track_id"], e.get("reason")) for e in out.events()] == [
+        ("new", 1, None),
+        ("end", 1, "error"),
+        ("new", 2, None),
+    ]
+    assert events.stats()["events"]["errors"] == 1
