@@ -263,6 +263,12 @@ class PublishConfig(_Strict):
     # every 10 s); off: no detections messages (events, zones and lines still are).
     detections: Literal["every_frame", "on_change", "off"] = "every_frame"
 
+    @field_validator("detections", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare `off` as false.
+        return "off" if v is False else v
+
 
 class CameraConfig(_Strict):
     # repr=False: the URL may hold a password; use `display` for logs.

@@ -146,6 +146,17 @@ def test_errors_name_the_file_and_the_key(camera: dict[str, Any], error: str) ->
     assert "secret" not in str(info.value)
 
 
+def test_yaml_off_is_off(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "models: {d: {onnx: /m.onnx}}\ncameras:\n  gate:\n    url: /v.mp4\n    model: d\n"
+        "    publish: {detections: off}\n"
+    )
+    assert load_config(path).cameras["gate"].publish.detections == "off"
+    with pytest.raises(ConfigError, match=r"publish\.detections: must be one of"):
+        cfg(publish={"detections": True})
+
+
 def test_errors_from_a_file_name_the_file(tmp_path: Path) -> None:
     data = copy.deepcopy(BASE)
     data["cameras"]["gate"]["zones"] = {"z": {"polygon": [[0, 0], [1, 1], [1, 0], [0, 1]]}}
