@@ -29,7 +29,7 @@ def cfg(**camera: Any) -> Any:
 
 def test_defaults() -> None:
     cam = cfg().cameras["gate"]
-    assert cam.tracking.enabled and cam.tracking.low_score == 0.1 and cam.tracking.new_track_score is None
+    assert cam.tracking.enabled and cam.tracking.low_score == 0.25 and cam.tracking.new_track_score is None
     assert cam.tracking.min_hits == 2 and cam.tracking.max_lost_s == 1.5 and cam.tracking.reset_gap_s == 2.0
     assert cam.zones == {} and cam.lines == {} and cam.frame_size is None
     assert cam.events.enabled and cam.events.objects == "all" and not cam.events.snapshot.enabled
