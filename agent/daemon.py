@@ -805,7 +805,7 @@ class Agent:
         self.engines.close()
         for cam in self.cameras.values():
             if cam.reader.ident is not None:  # a start-up error may come before the readers started
-                cam.reader.join(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))
+                cam.reader.stop(timeout=max(0.1, 3.0 - (time.monotonic() - t0)))  # and its teardown
         for worker in self.workers.values():
             worker.close_backends()  # leaves (and logs) a backend whose worker thread did not stop
         for cam in self.cameras.values():

@@ -494,7 +494,9 @@ class NvdecStage:
         if self._session is not None and key == self._stream_key:
             self._session.resume_at_key_frame()
             return
-        self._retire()
+        old = self._retire()
+        if old is not None:  # the stream changed under a kept session: end it before the new one takes memory
+            old()
         self._session = self._new_session(info.codec, info.width, info.height, chroma, depth)
         self._stream_key = key
         with self._lock:

@@ -202,7 +202,7 @@ class CameraReader(threading.Thread):
         finally:
             self.deadline = 0.0
             WATCH.discard(self)
-            self._close_later(self.stage.end(final=True))
+            self._close_now(self.stage.end(final=True))
             log.debug("camera %s: reader ended", self.spec.camera)
 
     def _connection(self) -> tuple[int, str, str | None]:
@@ -210,25 +210,41 @@ class CameraReader(threading.Thread):
         capture, error = self._open()
         if capture is None:
             return 0, error, None
+        outcome: tuple[int, str, str | None] = (0, "stopped", None)
         try:
-            try:
-                self.stage.start(capture)
-            except StageUnusable as exc:
-                if self.mode != "auto":
-                    return 0, self._scrub(f"decoder {self.mode}: {exc}"), "failed"
-                capture.release()  # reopen as pictures at once: no backoff, no reconnecting state for this
-                self._fall_back(self._scrub(str(exc)))
-                capture, error = self._open()
-                if capture is None:
-                    return 0, error, None
-                self.stage.start(capture)
-            except SessionError as exc:  # out of device memory, too many sessions: this camera only
-                return 0, self._scrub(str(exc)), "failed"
-            return self._stream(capture)
+            capture, outcome = self._start(capture)
+            if capture is not None:
+                outcome = self._stream(capture)
+            return outcome
         finally:
             self.deadline = 0.0  # between connections nothing is due: the run loop reports why it ended
-            if capture is not None:
-                self._close_later(self.stage.end(final=False), capture.release)
+            closers = (self.stage.end(final=False), capture.release if capture is not None else None)
+            if self._stopping.is_set() or outcome[2] is not None:
+                self._close_now(*closers)  # the reader ends: joining it must cover its teardown
+            else:
+                self._close_later(*closers)
+
+    def _start(self, capture: Capture) -> tuple[Capture | None, tuple[int, str, str | None]]:
+        """The decode stage's session for this connection; for ``auto`` a stream NVDEC cannot take is
+        reopened as pictures at once (no backoff, no reconnecting state). (capture to stream from or None,
+        the outcome when there is none)."""
+        try:
+            self.stage.start(capture)
+        except StageUnusable as exc:
+            if self.mode != "auto":
+                capture.release()
+                return None, (0, self._scrub(f"decoder {self.mode}: {exc}"), "failed")
+            capture.release()
+            self._fall_back(self._scrub(str(exc)))
+            reopened, error = self._open()
+            if reopened is None:
+                return None, (0, error, None)
+            self.stage.start(reopened)
+            return reopened, (0, "stopped", None)
+        except SessionError as exc:  # out of device memory, too many sessions: this camera only
+            capture.release()
+            return None, (0, self._scrub(str(exc)), "failed")
+        return capture, (0, "stopped", None)
 
     def _open(self) -> tuple[Capture | None, str]:
         packets = self.stage.packets and self._target.ffmpeg  # NVDEC on V4L2: the stage refuses it
@@ -250,7 +266,9 @@ class CameraReader(threading.Thread):
         units = 0  # read since the file (re)started: a loop point is not an unreadable file
         with self._state_lock:
             self._stall = None
-        self._arm(time.monotonic(), schedule)
+        # The first picture may take longer than the next ones: a stream joined mid-GOP decodes from its next
+        # key frame (some cameras send one every few seconds).
+        self._arm(time.monotonic(), schedule, first=True)
         while not self._stopping.is_set():
             if schedule is not None and self._stopping.wait(schedule.wait_s()):
                 break
@@ -316,11 +334,14 @@ class CameraReader(threading.Thread):
         return capture.error
 
     # -- stalls ----------------------------------------------------------------------------------------
-    def _arm(self, now: float, schedule: Schedule | None) -> None:
+    def _arm(self, now: float, schedule: Schedule | None, first: bool = False) -> None:
         """A picture came (or the connection opened): the next one is due within the read timeout of now,
-        or of the moment a file's schedule asks for it."""
+        or of the moment a file's schedule asks for it; the first one within the open timeout too."""
         due = max(now, schedule.due) if schedule is not None else now
-        self.deadline = due + self.spec.read_timeout_s
+        allowed = self.spec.read_timeout_s
+        if first:
+            allowed = max(allowed, self.spec.open_timeout_s)
+        self.deadline = due + allowed
 
     def stalled(self, now: float) -> None:
         """From the stall watch: no picture by the deadline. Report it now, whatever the thread is stuck in;
@@ -366,21 +387,24 @@ class CameraReader(threading.Thread):
 
     def _close_later(self, *closers: Closer | None) -> None:
         """Teardown on a thread of its own: the reconnect starts at once, and a release that blocks (an
-        RTSP teardown to a frozen server, a decoder that waits for its GPU work) delays nobody."""
-        todo = [c for c in closers if c is not None]
-        if not todo:
+        RTSP teardown to a frozen server, a decoder that waits for its GPU work) delays nobody. stop() joins
+        these threads: a release still running in C++ when the interpreter exits aborts the process."""
+        if not any(c is not None for c in closers):
             return
-
-        def close() -> None:
-            for closer in todo:
-                try:
-                    closer()
-                except Exception as exc:
-                    log.debug("camera %s: teardown: %s", self.spec.camera, self._scrub(repr(exc)))
-
-        thread = threading.Thread(target=close, name=f"close-{self.spec.camera}", daemon=True)
+        thread = threading.Thread(
+            target=self._close_now, args=closers, name=f"close-{self.spec.camera}", daemon=True
+        )
         thread.start()
         self._closers = [t for t in self._closers if t.is_alive()] + [thread]
+
+    def _close_now(self, *closers: Closer | None) -> None:
+        for closer in closers:
+            if closer is None:
+                continue
+            try:
+                closer()
+            except Exception as exc:
+                log.debug("camera %s: teardown: %s", self.spec.camera, self._scrub(repr(exc)))
 
     def _backoff(self, failures: int) -> float:
         # Full jitter (uniform in [0, cap]): many cameras behind one dead switch do not reconnect in step.
