@@ -240,6 +240,30 @@ def test_rate_limit_keeps_its_rate_and_tolerates_jitter() -> None:
         assert abs(sum(limit.take(t) for t in arrivals) - want) <= 1, fps
 
 
+def test_rate_limit_keeps_frames_that_come_late_now_and_then() -> None:
+    """A source on an absolute schedule whose frames are sometimes late by more than a period (a reader
+    among 64 waiting for the GIL) loses none to a limit at its own rate; after a stall longer than
+    RESYNC_S the limit starts again instead of keeping the backlog in a burst."""
+    import random
+
+    from pipelines.sources.pacing import RESYNC_S, RateLimit
+
+    rng = random.Random(2)
+    arrivals, late = [], 0.0
+    for k in range(2500):
+        due = k / 25
+        if rng.random() < 0.05:
+            late = rng.uniform(0.041, 0.2)  # late by more than a period ...
+        arrivals.append(max(due, arrivals[-1] if arrivals else 0.0) + late)
+        late = max(0.0, late - 0.04)  # ... then caught up within a few frames (the source's own schedule)
+    limit = RateLimit(25)
+    assert sum(limit.take(t) for t in arrivals) == 2500
+    stalled = RateLimit(25)
+    kept = sum(stalled.take(t) for t in [k / 25 for k in range(10)])
+    backlog = [0.4 + RESYNC_S + 0.5 + k * 0.0005 for k in range(40)]  # 40 frames in 20 ms after a stall
+    assert kept == 10 and sum(stalled.take(t) for t in backlog) == 1
+
+
 def test_realtime_file_is_paced_and_fps_limited(readers: Callable[..., CameraReader]) -> None:
     paced = readers(SourceSpec("paced", url=str(CLIP), loop=True))  # native 25 fps
     limited = readers(SourceSpec("limited", url=str(CLIP), loop=True, fps=10))
