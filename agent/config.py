@@ -543,7 +543,8 @@ def _check_analytics(name: str, cam: CameraConfig) -> None:
         )
     if cam.events.objects == "in_zones" and not cam.zones:
         raise ValueError(f"{key}.events.objects: in_zones needs zones ({key}.zones is empty)")
-    if cam.tracking.low_score > cam.min_score:
+    # Written above min_score it contradicts it; the default (0.25) just yields to a lower min_score.
+    if "low_score" in cam.tracking.model_fields_set and cam.tracking.low_score > cam.min_score:
         raise ValueError(
             f"{key}.tracking.low_score: {cam.tracking.low_score:g} is above min_score {cam.min_score:g} "
             "(it is the floor below min_score where detections only keep tracks alive)"

@@ -118,7 +118,7 @@ def analytics_settings(
     params = TrackerParams(
         high_score=cam.min_score,
         new_score=new_score,
-        low_score=tr.low_score,
+        low_score=min(tr.low_score, cam.min_score),
         match_iou=tr.match_iou,
         min_hits=tr.min_hits,
         max_lost_s=tr.max_lost_s,

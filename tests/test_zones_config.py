@@ -146,6 +146,15 @@ def test_errors_name_the_file_and_the_key(camera: dict[str, Any], error: str) ->
     assert "secret" not in str(info.value)
 
 
+def test_a_low_min_score_takes_the_default_low_score_down() -> None:
+    from agent.events import analytics_settings, track_floor
+
+    cam = cfg(min_score=0.15).cameras["gate"]  # below the default low_score (0.25): no error
+    assert track_floor(cam) == 0.15
+    params = analytics_settings("gate", cam, ["person"], "labels").tracker
+    assert params.low_score == params.high_score == 0.15
+
+
 def test_yaml_off_is_off(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text(
