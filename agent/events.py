@@ -115,15 +115,19 @@ def analytics_settings(
     )
     tr = cam.tracking
     new_score = tr.new_track_score if tr.new_track_score is not None else min(1.0, cam.min_score + 0.1)
+    # A camera limited to a low fps: a track survives at least two missed frames, and only a gap of more
+    # than three frame periods ends every track (else a 0.5 fps camera would reset at every frame).
+    period = 1.0 / cam.fps if cam.fps else 0.0
+    max_lost_s, reset_gap_s = max(tr.max_lost_s, 2.5 * period), max(tr.reset_gap_s, 3.5 * period)
     params = TrackerParams(
         high_score=cam.min_score,
         new_score=new_score,
         low_score=min(tr.low_score, cam.min_score),
         match_iou=tr.match_iou,
         min_hits=tr.min_hits,
-        max_lost_s=tr.max_lost_s,
+        max_lost_s=max_lost_s,
     )
-    return AnalyticsSettings(params, cam.min_score, tr.reset_gap_s, zones, lines)
+    return AnalyticsSettings(params, cam.min_score, reset_gap_s, zones, lines)
 
 
 def track_floor(cam: CameraConfig) -> float:

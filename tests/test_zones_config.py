@@ -155,6 +155,15 @@ def test_a_low_min_score_takes_the_default_low_score_down() -> None:
     assert params.low_score == params.high_score == 0.15
 
 
+def test_a_slow_camera_keeps_its_tracks_between_frames() -> None:
+    from agent.events import analytics_settings
+
+    slow = analytics_settings("gate", cfg(fps=0.5).cameras["gate"], ["person"], "labels")
+    assert slow.reset_gap_s == 7.0 and slow.tracker.max_lost_s == 5.0  # 3.5 and 2.5 frame periods
+    fast = analytics_settings("gate", cfg(fps=25).cameras["gate"], ["person"], "labels")
+    assert fast.reset_gap_s == 2.0 and fast.tracker.max_lost_s == 1.5  # the configured ones
+
+
 def test_yaml_off_is_off(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text(
