@@ -446,17 +446,6 @@ def _primary_context(device: int) -> int:
 
 
 # ---- the stage ----------------------------------------------------------------------------------------
-# FFmpeg pixel formats as OpenCV reports them (CAP_PROP_CODEC_PIXEL_FORMAT fourcc) -> (chroma, bit depth).
-_PIXEL_FORMATS = {
-    "I420": ("420", 8),
-    "J420": ("420", 8),
-    "NV12": ("420", 8),
-    "YV12": ("420", 8),
-    "Y42B": ("422", 8),
-    "422P": ("422", 8),
-    "444P": ("444", 8),
-    "Y444": ("444", 8),
-}
 
 
 class NvdecStage:
