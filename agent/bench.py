@@ -105,10 +105,13 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         if "overhead" in opts.sections:
             report["overhead_ms"] = _overhead_report(opts, input_spec, recorded, adapter, labels, images)
             report["overhead_target_ms"] = OVERHEAD_TARGET_MS
+        if "decode" in opts.sections:
+            report["decode_alone"] = _decode_alone(opts)
         if "sweep" in opts.sections:
             report["engine"] = _engine_description(opts)
             bare = ort if opts.engine == "ort" else None
             report["runs"] = _sweep(opts, input_spec, recorded, adapter, labels, images, bare)
+            _against_decode(report)
             if opts.flap:
                 report["isolation"] = _isolation(report["runs"], opts)
     finally:
@@ -292,6 +295,33 @@ def _readers(opts: BenchOptions) -> list[dict[str, Any]]:
     return out
 
 
+def _decode_alone(opts: BenchOptions) -> list[dict[str, Any]]:
+    """The decode section: the readers' decoders alone, unpaced, per --streams count over --shards."""
+    from agent.bench_shards import decode_alone
+
+    out = []
+    for streams in opts.streams:
+        run = decode_alone(opts, streams)
+        print(
+            f"bench: {streams} streams decoded alone ({opts.decoder}, {run['shards']} process"
+            f"{'es' if run['shards'] > 1 else ''}): {run['decoded_fps']} frames/s, "
+            f"{run['cpu_ms_per_frame']} ms CPU per frame",
+            file=sys.stderr,
+            flush=True,
+        )
+        out.append(run)
+    return out
+
+
+def _against_decode(report: dict[str, Any]) -> None:
+    """Each sweep run's processed rate against the decoders alone on the same streams (same run)."""
+    alone = {d["streams"]: d["decoded_fps"] for d in report.get("decode_alone") or [] if d["decoded_fps"]}
+    for run in report["runs"]:
+        ref = alone.get(run["streams"])
+        if ref:
+            run["vs_decode_alone"] = round(run["processed_fps"] / ref, 3)
+
+
 def _engine_description(opts: BenchOptions) -> dict[str, Any]:
     if opts.engine == "ort":
         return {"kind": "onnxruntime", "threads": opts.threads}
@@ -349,6 +379,10 @@ def _point(
     flap_url: str | None,
 ) -> dict[str, Any]:
     """One measured run; with ONNX Runtime, between two runs of its bare loop."""
+    if opts.shards > 1:
+        from agent.bench_shards import sharded_point
+
+        return sharded_point(opts, run_spec, spec, recorded, labels)
     seconds = max(3.0, opts.duration_s / 3)
     batch = run_spec.batch
     before = _bare_loop(bare, adapter, images, batch, seconds) if bare is not None else None
@@ -438,20 +472,27 @@ def _gpu() -> Any:
     return GpuLetterbox()
 
 
-def _sources(opts: BenchOptions, images: list[np.ndarray], flap_url: str | None = None) -> Any:
+def _sources(
+    opts: BenchOptions, images: list[np.ndarray], flap_url: str | None = None, first: int = 1
+) -> Any:
+    """`first`: the {i} of the first RTSP stream (a shard's share starts further on)."""
+
     def make(slots: list[tuple[str, FrameSlot]]) -> LoopedClip | Readers:
         if opts.rtsp is None and not opts.decode:
             return LoopedClip(images, slots, opts.fps)
         specs = []
-        steady = 0
+        steady = first - 1
+        # --fps 0: saturation; files as fast as they decode, nothing limited (RTSP: as the server sends).
+        fps, realtime = (opts.fps, True) if opts.fps > 0 else (None, False)
         for cam, _ in slots:
             if cam.startswith("flap") and flap_url is not None:
                 specs.append(SourceSpec(camera=cam, url=flap_url, fps=opts.fps))
             elif opts.rtsp is not None:
                 steady += 1
-                specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(steady)), fps=opts.fps))
+                specs.append(SourceSpec(camera=cam, url=opts.rtsp.replace("{i}", str(steady)), fps=fps))
             else:
-                specs.append(SourceSpec(camera=cam, url=str(opts.clip), fps=opts.fps, loop=True))
+                clip = str(opts.clip)
+                specs.append(SourceSpec(camera=cam, url=clip, fps=fps, loop=True, realtime=realtime))
         return Readers(specs, [s for _, s in slots], opts.decoder)
 
     return make
@@ -578,6 +619,10 @@ def summary(report: dict[str, Any]) -> str:
         )
         if best.get("engine_busy") is not None:
             line += f", engine busy {100 * best['engine_busy']:.0f} %"
+        if best.get("shards"):
+            line += f", {len(best['shards'])} shard processes"
+        if best.get("vs_decode_alone") is not None:
+            line += f", {best['vs_decode_alone']:.2f}x the decoders alone on the same streams"
         if best.get("vs_bare_loop") is not None:
             line += f", {best['vs_bare_loop']:.2f}x the bare ONNX Runtime loop"
         parts.append(line + ".")
@@ -602,6 +647,11 @@ def summary(report: dict[str, Any]) -> str:
             f"{100 * (alone['processed_change'] or 0):+.2f} % "
             f"and {alone['age_p99_delta_ms']:+} ms (p99 alone / control / flapping: {p99[0]} / {p99[1]} / "
             f"{p99[2]} ms)."
+        )
+    for run in report.get("decode_alone") or []:
+        parts.append(
+            f" {run['streams']} streams decoded alone ({run['decoder'].upper()}, {run['shards']} process"
+            f"{'es' if run['shards'] > 1 else ''}, unpaced): {run['decoded_fps']} frames/s."
         )
     for run in report.get("readers") or []:
         fps, up = run["camera_fps"], run["startup"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SECTIONS = ("stages", "overhead", "sweep")  # the default
-KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking")
+KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode")
 
 
 @dataclass
@@ -45,6 +45,8 @@ class BenchOptions:
     flap: int = 0  # isolation: cameras whose source drops them every flap_every_s, beside the steady ones
     flap_every_s: float = 2.0
     repeat: int = 1  # runs of each point (with --flap: rounds of the three variants, compared by medians)
+    shards: int = 1  # sweep and decode: the streams split over this many processes (agent/bench_shards.py)
+    gpus: list[int] | None = None  # shard k on GPU gpus[k % len] (CUDA_VISIBLE_DEVICES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,7 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=1, help="simulated engine: batches in flight at once")
     p.add_argument("--streams", default="1,4,16", help="stream counts to sweep, e.g. 1,4,16")
     p.add_argument("--batch", default="1,4,8", help="max batch sizes to sweep, e.g. 1,4,8")
-    p.add_argument("--fps", type=float, default=25.0, help="frames per second per stream")
+    p.add_argument(
+        "--fps",
+        type=float,
+        default=25.0,
+        help="frames per second per stream; 0 with camera readers: unpaced (files as fast as they decode),"
+        " the saturation point",
+    )
     p.add_argument("--resolution", help="resize the clip's frames to WxH first, e.g. 1920x1080")
     p.add_argument("--preprocess", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--decode", action="store_true", help="streams decode the clip (camera readers)")
@@ -115,6 +123,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run each point N times (with --flap: N rounds of alone/control/flapping; isolation compares"
         " medians, which a machine shared with other work needs)",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="sweep and decode: split the streams over N processes, each a whole pipeline (as the daemon's"
+        " pipeline.shards); the run sums them, CPU per frame over every process",
+    )
+    p.add_argument("--gpus", help="with --shards: GPU indices, shard k on the k-th modulo their count: 0,1")
     p.add_argument("--log-level", default="warning")
 
 
@@ -130,6 +146,19 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
     if args.flap < 0 or args.flap_every <= 0 or args.repeat < 1:
         raise ValueError("--flap must be >= 0, --flap-every > 0 and --repeat >= 1")
+    for flag, value in (("--warmup", args.warmup), ("--duration", args.duration), ("--fps", args.fps)):
+        if not value >= 0 or (flag == "--duration" and not value > 0):  # NaN fails both
+            low = "> 0" if flag == "--duration" else ">= 0"
+            raise ValueError(f"{flag}: expected a number {low}, got {value}")
+    if args.fps == 0 and not (args.decode or args.rtsp or args.decoder != "cpu"):
+        raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
+    if args.shards < 1:
+        raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
+    if args.shards > 1 and args.flap:
+        raise ValueError("--flap compares cameras inside one process: leave --shards at 1")
+    if "decode" in sections and not (args.decode or args.rtsp or args.decoder != "cpu"):
+        raise ValueError("--sections decode measures camera readers: give --decode, --decoder or --rtsp")
+    gpus = _ints(args.gpus, "--gpus", zero=True) if args.gpus else None
     if args.flap and not (args.decode or args.rtsp or args.decoder != "cpu"):
         raise ValueError("--flap compares camera readers: give --decode (file readers) or --rtsp")
     resolution = None
@@ -166,14 +195,16 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         flap=args.flap,
         flap_every_s=args.flap_every,
         repeat=args.repeat,
+        shards=args.shards,
+        gpus=gpus,
     )
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str, zero: bool = False) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag}: expected positive integers, got {text!r}")
+    if not values or min(values) < (0 if zero else 1):
+        raise ValueError(f"{flag}: expected {'integers >= 0' if zero else 'positive integers'}, got {text!r}")
     return values

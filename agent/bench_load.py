@@ -202,8 +202,10 @@ def measure(
     labels: list[str],
     make_sources: Callable[[list[tuple[str, FrameSlot]]], LoopedClip | Readers],
     gpu: Any = None,
+    samples: bool = False,
 ) -> dict[str, Any]:
-    """One run: `spec.streams` streams into a worker of batch `spec.batch` on `backend`; its report."""
+    """One run: `spec.streams` streams into a worker of batch `spec.batch` on `backend`; its report.
+    `samples`: also every delivered frame's age (`samples_ms`), for merging runs of several processes."""
     rec = _Record()
     measuring = threading.Event()
     names = [f"cam{i:02d}" for i in range(spec.streams)] + [f"flap{i:02d}" for i in range(spec.flap)]
@@ -309,6 +311,7 @@ def measure(
         "timeline": timeline,
         **cameras,
         **({"steady": _steady(rec, spec, elapsed, cameras)} if cameras else {}),
+        **({"samples_ms": rec.stages["total"].tolist()} if samples else {}),
     }
 
 
