@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
@@ -63,16 +64,26 @@ def setup_logging(level: str) -> None:
         logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
-def _run_agent(cfg: AgentConfig, quiet_mqtt: bool = False, config_path: str | None = None) -> int:
+def _run_agent(
+    cfg: AgentConfig, quiet_mqtt: bool = False, config_path: str | None = None, level: str = "info"
+) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
     from agent.service import Notifier, ServiceError
+    from agent.shards.placement import place
 
     try:
         notifier = Notifier()
     except ServiceError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
+    plan = place(cfg)
+    agent: Any
+    if plan.count > 1:  # pipeline.shards: a supervisor over worker processes (agent.shards)
+        from agent.shards.sharded import ShardedAgent
+
+        agent = ShardedAgent(cfg, config_path=config_path, notifier=notifier, level=level, plan=plan)
+    else:
+        agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
     try:
         agent.start()
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
@@ -107,10 +118,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError("\n".join(problems))
     if args.check_config:
-        print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s))")
+        from agent.shards.placement import place
+
+        plan = place(cfg)
+        shards = f", {plan.why}" if plan.count > 1 or cfg.pipeline.shards != 1 else ""
+        print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s){shards})")
         return 0
-    setup_logging(args.log_level or cfg.log_level)
-    return _run_agent(cfg, config_path=args.config)
+    level = args.log_level or cfg.log_level
+    setup_logging(level)
+    return _run_agent(cfg, config_path=args.config, level=level)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -299,6 +299,8 @@ class CameraConfig(_Strict):
     publish: PublishConfig = PublishConfig()
     # The picture size that zone and line points in pixels refer to (scaled if the stream's differs).
     frame_size: FrameSize | None = None
+    # pipeline.shards > 1: the shard that runs this camera (None: placed by load, and kept across reloads).
+    shard: int | None = Field(None, ge=0, le=63)
 
     @model_validator(mode="after")
     def _one_source(self) -> CameraConfig:
@@ -483,6 +485,43 @@ class HomeAssistantConfig(_Strict):
         return v
 
 
+class RestartConfig(_Strict):
+    min_s: float = Field(1.0, gt=0, le=60)
+    max_s: float = Field(30.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _order(self) -> RestartConfig:
+        if self.min_s > self.max_s:
+            raise ValueError(f"min_s {self.min_s:g} is above max_s {self.max_s:g}")
+        return self
+
+
+class PipelineConfig(_Strict):
+    """Pipeline shards (agent.shards): 1 is one process; N > 1 a supervisor over N worker processes, each a
+    whole pipeline for some of the cameras; auto sizes from the cameras' frame rates, GPUs and cores."""
+
+    shards: int | Literal["auto"] = 1
+    gpus: list[int] | None = Field(None, max_length=64)  # shard k on GPU gpus[k % len]; None: as CUDA sees it
+    restart: RestartConfig = RestartConfig()  # backoff between restarts of a shard that died
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _shards(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not (v == "auto" or (isinstance(v, int) and 1 <= v <= 64)):
+            raise ValueError(f"must be 'auto' or an integer 1..64, got {v!r}")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("must list at least one GPU index (or be left out)")
+            if min(v) < 0 or len(set(v)) != len(v):
+                raise ValueError(f"GPU indices must be >= 0 and distinct, got {v}")
+        return v
+
+
 class AgentConfig(_Strict):
     device_id: str = Field(default_factory=socket.gethostname)
     engine_dir: Path = Path("/var/lib/edge-agent/engines")
@@ -493,6 +532,7 @@ class AgentConfig(_Strict):
     homeassistant: HomeAssistantConfig = HomeAssistantConfig()
     console: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    pipeline: PipelineConfig = PipelineConfig()
 
     @field_validator("device_id")
     @classmethod
@@ -517,6 +557,12 @@ class AgentConfig(_Strict):
                 known = ", ".join(sorted(self.models))
                 raise ValueError(f"cameras.{cam_name}.model: unknown model '{cam.model}' (known: {known})")
             _check_analytics(cam_name, cam)
+            shards = self.pipeline.shards
+            if cam.shard is not None and isinstance(shards, int) and cam.shard >= shards:
+                raise ValueError(
+                    f"cameras.{cam_name}.shard: {cam.shard} is not a shard (pipeline.shards is {shards}:"
+                    f" 0..{shards - 1})"
+                )
             m = self.models[cam.model]
             if m.postprocess == "graph" and cam.min_score < m.graph_score_threshold:
                 raise ValueError(

@@ -43,6 +43,7 @@ from pipelines.scheduler import CameraRoute, ModelWorker, Result
 from pipelines.sources import CameraReader, SourceSpec, open_reader
 
 if TYPE_CHECKING:
+    from agent.shards.child import ShardLink
     from pipelines.preprocess_gpu import GpuLetterbox
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,12 @@ class Agent:
         quiet_mqtt: bool = False,
         config_path: str | Path | None = None,
         notifier: Notifier | None = None,
+        shard: ShardLink | None = None,
     ) -> None:
         self.cfg = cfg
+        # A pipeline shard (agent.shards): this process runs its cameras' pipelines and publishes their
+        # topics; the supervisor process owns status, commands, discovery, engine builds and systemd.
+        self.shard = shard
         self.config_path = Path(config_path) if config_path is not None else None
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -156,34 +161,30 @@ class Agent:
         self._telemetry_thread: threading.Thread | None = None
         self.taps: dict[str, FrameTap] = {}  # per model: frames for the gate, from the running pipeline
         self.engines = EngineManager(
-            cfg, self._publish_engine, self._swap_backend, __version__, frames_for=self.taps.get
+            cfg,
+            self._publish_engine if shard is None else shard.engine_state,
+            self._swap_backend,
+            __version__,
+            frames_for=self.taps.get,
+            delegate=None if shard is None else shard.request_rebuild,
         )
 
     # ---- start -------------------------------------------------------------------------------
     def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
         if not cfg.mqtt.enabled:
             return None
-        client = MqttClient(
-            topics=topics,
-            host=cfg.mqtt.host,
-            port=cfg.mqtt.port,
-            username=cfg.mqtt.username,
-            password=cfg.mqtt.read_password(),
-            tls=cfg.mqtt.tls.options() if cfg.mqtt.tls is not None else False,
-            keepalive=cfg.mqtt.keepalive,
-            reconnect_min_delay=cfg.mqtt.reconnect_min_s,
-            reconnect_max_delay=cfg.mqtt.reconnect_max_s,
-            qos=cfg.mqtt.qos,
-            offline_queue=cfg.mqtt.offline_queue,
+        client = MqttClient.from_config(
+            cfg.mqtt,
+            topics,
             birth=self._status_fields,
             offline=self._offline_fields,
             quiet=self._quiet_mqtt,
             commands=self.commands,
             answer=self._publish_answer,
-            groups=cfg.mqtt.groups,
-            shared=cfg.mqtt.shared_subscriptions,
-            protocol=cfg.mqtt.protocol,
+            shard=None if self.shard is None else self.shard.index,
         )
+        if self.shard is not None:
+            return client  # discovery and stale zone states: the supervisor knows every camera
         client.watch(node_filter(cfg), self._on_discovery_config)
         for region_filter in topics.regions_filter():
             client.watch(region_filter, self._on_region_state)
@@ -191,7 +192,7 @@ class Agent:
 
     # ---- Home Assistant discovery (agent.discovery) ------------------------------------------------
     def _publish_discovery(self, old: AgentConfig | None = None) -> None:
-        if self.mqtt is None:
+        if self.mqtt is None or self.shard is not None:
             return
         for topic in removed_topics(old, self.cfg) if old is not None else []:
             self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")  # deletes the entity
@@ -236,7 +237,8 @@ class Agent:
         for cam_name, cam in cfg.cameras.items():
             if cam.enabled:
                 self._open_camera(cam_name, cam)
-        self.commands.start()
+        if self.shard is None:
+            self.commands.start()
         if self.mqtt is not None:
             self.mqtt.start()
             self._publish_discovery()
@@ -248,9 +250,10 @@ class Agent:
             worker.start()
         for cam in self.cameras.values():
             cam.reader.start()
-        self.supervisor.start()  # READY once every camera was tried and every model served a result
+        if self.shard is None:
+            self.supervisor.start()  # READY once every camera was tried and every model served a result
         process_stats()  # primes psutil's CPU counter so the first telemetry has a real value
-        if cfg.telemetry.prometheus_port:
+        if cfg.telemetry.prometheus_port and self.shard is None:
             self.metrics.start_http(cfg.telemetry.prometheus_port)
         self._telemetry_thread = threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True)
         self._telemetry_thread.start()
@@ -372,6 +375,8 @@ class Agent:
             # A reconnect (or a file that ended) ends every track: the next picture may show anything.
             cam.events.reset("reconnect" if state == "reconnecting" else state)
         self._publish_camera_state(cam)  # the reader logged the change
+        if self.shard is not None:
+            self.shard.camera_state(camera, state, reason)
         if changed:
             self._publish_status()
 
@@ -392,7 +397,7 @@ class Agent:
         self.mqtt.publish(self.topics.camera_state(cam.name), body, qos=1, retain=True, kind="state")
 
     def _publish_status(self) -> None:
-        if self.mqtt is not None:
+        if self.mqtt is not None and self.shard is None:
             body = self.mqtt.status_payload(self._status_fields())
             self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
 
@@ -433,6 +438,18 @@ class Agent:
             error = (self.last_reload or {}).get("error")
             raise CommandError(f"config refused, the previous one is still running: {error}")
         return {"changes": (self.last_reload or {}).get("changes")}
+
+    def snapshot(self, camera: str) -> dict:
+        """cmd/snapshot for one camera of this process (a shard answers the supervisor with it)."""
+        return self._cmd_snapshot(SnapshotRequest(camera=camera))
+
+    def apply_config(self, new: AgentConfig) -> str:
+        """A shard's reload: the supervisor read, checked and placed the config; this applies this shard's
+        part in place (as reload() does with the file) and says what changed."""
+        with self._reload_lock:
+            plan = plan_reload(self.cfg, new)
+            self._apply(new, plan)
+            return plan.summary()
 
     def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
         """cmd/snapshot {camera}: the annotated last frame as JPEG on cameras/<camera>/snapshot."""
@@ -579,6 +596,12 @@ class Agent:
         )
 
     def publish_telemetry(self) -> None:
+        if self.shard is not None:  # the supervisor adds every shard's up and publishes one message
+            self.shard.telemetry(self.telemetry_fields(), self.stages.drain())
+            if self.mqtt is not None:
+                for cam in list(self.cameras.values()):
+                    self._publish_camera_state(cam)
+            return
         fields = self.telemetry_fields()
         self.metrics.update(fields)
         if self.mqtt is not None:
@@ -628,6 +651,7 @@ class Agent:
                     "telemetry": new.telemetry.model_copy(
                         update={"prometheus_port": self.cfg.telemetry.prometheus_port}
                     ),
+                    "pipeline": self.cfg.pipeline,
                 }
             )
         if new.mqtt.enabled and plan.mqtt:
@@ -811,7 +835,8 @@ class Agent:
         for cam in self.cameras.values():
             if cam.events is not None:
                 cam.events.close("stopped", clear=False)  # end events, zones empty (retained zeros)
-        self.commands.stop()
+        if self.shard is None:
+            self.commands.stop()
         if self.mqtt is not None:
             for cam in self.cameras.values():
                 cam.state = "stopped"  # retained: not "streaming" after the agent is gone

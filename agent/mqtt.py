@@ -49,13 +49,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.commands import Answer, CommandRouter, Handler
+
+if TYPE_CHECKING:
+    from agent.config import MqttConfig
 from agent.tls import TlsFileError, TlsOptions, client_context, describe_tls_failure
 from agent.topics import Topics, payload
 
@@ -193,6 +196,7 @@ class MqttClient:
         groups: Iterable[str] = (),
         shared: bool = False,
         protocol: str = "5",
+        shard: int | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise MqttError(f"mqtt protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -216,12 +220,17 @@ class MqttClient:
         # other's session at the broker in turn forever; the instance in `status` tells them apart (below).
         self.instance = secrets.token_hex(4)
         self.client_id = client_id or f"{topics.prefix.replace('/', '-')}-{topics.device}-{self.instance}"
+        # A pipeline shard's client (agent.shards): its cameras' topics only. No will, no birth, no status,
+        # no commands: the supervisor's client owns the device's availability and its command intake.
+        self.shard = shard
+        if shard is not None:
+            self.client_id = f"{self.client_id}-shard{shard}"
         self.protocol = protocol
         # Fleet commands ({prefix}/_all, {prefix}/_group/<g>): same router, answered on our own result topic;
         # with `shared`, also the "any one agent" topics through MQTT shared subscriptions ($share/...).
         self.groups = tuple(groups)
         self.shared = shared
-        self._fleet_filters = topics.fleet_filters(self.groups, shared=shared)
+        self._fleet_filters = topics.fleet_filters(self.groups, shared=shared) if shard is None else ()
         self.qos = qos
         self._auth = username is not None
         self._birth = birth
@@ -291,7 +300,8 @@ class MqttClient:
             c.username_pw_set(username, password)
         if self.tls is not None:
             self._set_up_tls(c, self.tls)
-        c.will_set(topics.status, self._offline_payload("connection lost"), qos=1, retain=True)
+        if shard is None:
+            c.will_set(topics.status, self._offline_payload("connection lost"), qos=1, retain=True)
         c.reconnect_delay_set(min_delay=reconnect_min_delay, max_delay=reconnect_max_delay)
         c.on_connect = self._on_connect
         c.on_connect_fail = self._on_connect_fail
@@ -326,6 +336,28 @@ class MqttClient:
         return f"MqttClient({self.host}:{self.port}{tls}, client_id={self.client_id!r}, {auth}, {state})"
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: MqttConfig, topics: Topics, **kwargs: Any) -> MqttClient:
+        """A client for the validated `mqtt` section; kwargs: the owner's callbacks (birth, offline,
+        commands, answer), quiet, shard."""
+        return cls(
+            topics=topics,
+            host=cfg.host,
+            port=cfg.port,
+            username=cfg.username,
+            password=cfg.read_password(),
+            tls=cfg.tls.options() if cfg.tls is not None else False,
+            keepalive=cfg.keepalive,
+            reconnect_min_delay=cfg.reconnect_min_s,
+            reconnect_max_delay=cfg.reconnect_max_s,
+            qos=cfg.qos,
+            offline_queue=cfg.offline_queue,
+            groups=cfg.groups,
+            shared=cfg.shared_subscriptions,
+            protocol=cfg.protocol,
+            **kwargs,
+        )
+
     def start(self) -> None:
         """Start connecting in the background; returns at once even if the broker is down."""
         if self._started:
@@ -339,12 +371,14 @@ class MqttClient:
                 self._client.connect_async(self.host, self.port, keepalive=self.keepalive)
         except (OSError, ValueError) as exc:  # e.g. an invalid host string
             raise MqttError(f"mqtt host {self.host!r} port {self.port}: {exc}") from None
-        if self._own_router:
+        if self._own_router and self.shard is None:
             self.commands.start()
         self._client.loop_start()
 
     def _refresh_will(self) -> None:
         # The broker keeps the will it got in CONNECT; paho sends the one set now at the next (re)connect.
+        if self.shard is not None:
+            return
         will = self._offline_payload("connection lost")
         self._client.will_set(self.topics.status, will, qos=1, retain=True)
 
@@ -369,7 +403,7 @@ class MqttClient:
         deadline = time.monotonic() + timeout + 1.0
         c = self._client
         if self._started and graceful:
-            if self._connected:
+            if self._connected and self.shard is None:
                 info = c.publish(self.topics.status, self._offline_payload("stopped"), qos=1, retain=True)
                 if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                     try:
@@ -515,7 +549,8 @@ class MqttClient:
         try:
             self._reclaim_unacked()
             self._subscribe(client)
-            self._send(self.topics.status, self._birth_payload(), 1, True)
+            if self.shard is None:
+                self._send(self.topics.status, self._birth_payload(), 1, True)
         except Exception:  # a bug here must neither stop the network thread nor block publishing
             log.exception("MQTT on_connect handling failed")
         try:
@@ -550,6 +585,10 @@ class MqttClient:
         """Our commands, the fleet's, the daemon's watches and our own status topic (duplicate ids), in one
         SUBSCRIBE so that one SUBACK says which of them the broker refused."""
         filters = (self.topics.cmd_filter, *self._fleet_filters, *self._watches, self.topics.status)
+        if self.shard is not None:
+            filters = tuple(self._watches)
+            if not filters:
+                return
         if self.protocol == "5":
             # noLocal: our own status publishes do not come back to us.
             subs: list[tuple[str, Any]] = [

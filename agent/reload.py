@@ -122,4 +122,6 @@ def plan_reload(old: AgentConfig, new: AgentConfig) -> ReloadPlan:
         plan.needs_restart.append("engine_dir")
     if old.telemetry.prometheus_port != new.telemetry.prometheus_port:
         plan.needs_restart.append("telemetry.prometheus_port")
+    if old.pipeline != new.pipeline:  # the number of processes and their GPUs: fixed while running
+        plan.needs_restart.append("pipeline")
     return plan

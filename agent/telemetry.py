@@ -54,6 +54,23 @@ class StageWindow:
             if ms is not None:
                 self.add(stage, ms)
 
+    def drain(self) -> dict[str, tuple[np.ndarray, int]]:
+        """The window's samples per stage and how many arrived, and a new window (a shard hands these to
+        the supervisor, which absorbs every shard's into its own window)."""
+        with self._lock:
+            snap = {s: (self._buf[s][: min(n, self.capacity)].copy(), n) for s, n in self._n.items() if n}
+            for s in self._n:
+                self._n[s] = 0
+        return snap
+
+    def absorb(self, drained: Mapping[str, tuple[np.ndarray, int]]) -> None:
+        """Another window's samples (drain()) into this one; `n` counts all that arrived there."""
+        for stage, (samples, n) in drained.items():
+            for ms in samples[-self.capacity :]:
+                self.add(stage, float(ms))
+            with self._lock:
+                self._n[stage] += max(0, int(n) - len(samples[-self.capacity :]))
+
     def summary(self, reset: bool = True) -> dict[str, dict[str, float | int | None]]:
         """{stage: {p50, p95, p99, n}} in ms over the window; a stage with no samples has None values."""
         with self._lock:

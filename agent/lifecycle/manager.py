@@ -58,6 +58,7 @@ REFUSAL_LOCK_WAIT_S = 5.0
 
 StatePublisher = Callable[[str, dict[str, Any]], None]
 Swapper = Callable[[str, Backend], None]
+Delegate = Callable[[str, bool, "str | None", "list[str] | None"], bool]  # rebuild(name, force, prec, why)
 
 # Allowed moves of the engine state; anything else is a bug (logged, still published).
 TRANSITIONS: dict[str | None, frozenset[str]] = {
@@ -100,8 +101,15 @@ class EngineManager:
         agent_version: str,
         frames_for: Callable[[str], FrameTap | None] = lambda _m: None,
         watch_interval_s: float = 2.0,
+        delegate: Delegate | None = None,
+        serve: bool = True,
     ) -> None:
         self.cfg = cfg
+        # Pipeline shards (agent.shards): a shard serves plans and hands every rebuild to the supervisor
+        # (`delegate`); the supervisor builds and gates but serves nothing (`serve` False: it loads no plan
+        # and opens no ONNX Runtime session; each shard's watcher swaps in what it built).
+        self._delegate = delegate
+        self._serve = serve
         self._publish = publish
         self._swap = swap
         self._frames_for = frames_for
@@ -131,17 +139,17 @@ class EngineManager:
         ctx = ModelContext.from_config(cfg or self.cfg, name)
         target = engine_target(ctx)
         if isinstance(target, OrtOnly):
-            backend = open_ort(ctx)
+            backend = open_ort(ctx) if self._serve else None
             self._publish(
                 name,
                 {
                     "state": "ready",
-                    "backend": backend.name,
-                    "precision": backend.precision,
+                    "backend": "onnxruntime" if backend is None else backend.name,
+                    "precision": "fp32" if backend is None else backend.precision,
                     "reasons": [] if target.note.startswith("backend onnxruntime") else [target.note],
                 },
             )
-            return backend
+            return backend  # type: ignore[return-value]  # None only where nothing is served
         store = self.store
         me = ModelEngine(ctx, target)
         self._models[name] = me
@@ -162,6 +170,9 @@ class EngineManager:
             if refused >= 2 and m is not None:  # refused again after its rebuild, before this start
                 return self._refused_on_record(me, m, refused, result.reasons)
             return self._fallback(me, result.reasons)
+        if not self._serve:
+            self._set(me, state="ready", backend="tensorrt", key=result.key, reasons=[])
+            return None  # type: ignore[return-value]
         try:
             engine = self._load(me, result.key)
         except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
@@ -182,6 +193,10 @@ class EngineManager:
 
     def _fallback(self, me: ModelEngine, reasons: list[str]) -> Backend:
         """ONNX Runtime serves while a job makes an engine."""
+        if not self._serve:
+            self._set(me, state="fallback", backend="onnxruntime", reasons=reasons, key=None, loaded=False)
+            self._pending_start.append(me.name)
+            return None  # type: ignore[return-value]
         backend = open_ort(me.ctx)
         log.warning(
             "model %s: %s; ONNX Runtime serves (fallback) while an engine is made",
@@ -203,20 +218,20 @@ class EngineManager:
     def _refused_on_record(self, me: ModelEngine, m: Manifest, refused: int, reasons: list[str]) -> Backend:
         """Start-up with an engine whose plans TensorRT refused `refused` times in a row (its manifest says
         so): ONNX Runtime serves, state `failed`, no job until an operator asks for a rebuild."""
-        backend = open_ort(me.ctx)
+        backend = open_ort(me.ctx) if self._serve else None
         error = _refused_error(str(m.key), refused, m.build["refused_at_load"].get("error") or "no reason")
         log.error("model %s: %s", me.name, error)
         self._set(
             me,
             state="failed",
-            backend=backend.name,
-            precision=backend.precision,
+            backend="onnxruntime" if backend is None else backend.name,
+            precision="fp32" if backend is None else backend.precision,
             reasons=reasons,
             key=None,
             loaded=False,
             error=error,
         )
-        return backend
+        return backend  # type: ignore[return-value]
 
     def start(self) -> None:
         """Jobs for models in fallback start now (their pipelines run: frames can be tapped)."""
@@ -291,6 +306,8 @@ class EngineManager:
     ) -> bool:
         """Start a job for `name` in the background; False when one is already under way. `reasons`: why,
         for the published state (kept from before when None)."""
+        if self._delegate is not None:  # a shard: the supervisor's manager builds (once, for every shard)
+            return self._delegate(name, force, precision, reasons)
         me = self._models[name]
         if me.retired:
             return False
@@ -400,6 +417,12 @@ class EngineManager:
     def _adopt(self, me: ModelEngine, key: str) -> None:
         """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
         A plan TensorRT refuses is rebuilt (once in a row: _load)."""
+        if not self._serve:  # the supervisor of shards: each shard's watcher loads and swaps it
+            manifest = self.store.manifest(me.name, key)
+            sha = manifest.build.get("plan_sha256") if manifest else None
+            precision = manifest.build.get("precision") if manifest else None
+            self._set(me, state="ready", backend="tensorrt", key=key, plan_sha256=sha, precision=precision)
+            return
         try:
             engine = self._load(me, key)
         except PlanRefusedError as exc:

@@ -1,0 +1,155 @@
+"""A shard process: the daemon's Agent over the cameras the supervisor gave it, linked by one pipe.
+
+Messages (tuples, first item the kind; agent.shards.host reads them):
+- to the supervisor: ("started", pid) | ("failed", error) once; then ("camera", name, state, reason),
+  ("progress", Progress) every PROGRESS_S, ("telemetry", fields, stage samples), ("engine", model,
+  fields), ("rebuild", model, force, precision, reasons), ("answer", request id, ok, body or error);
+- from it: ("stop",), ("snapshot", id, camera), ("reload", id, config part).
+
+The shard never talks to systemd (NOTIFY_SOCKET is removed from its environment), never reads signals
+meant for the service (SIGINT and SIGHUP ignored; SIGTERM, sent by systemd to the whole cgroup, stops it
+as ("stop",) does), and stops when the pipe closes (the supervisor is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from agent.config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+PROGRESS_S = 1.0
+EXIT_START_FAILED = 3
+
+
+class ShardLink:
+    """The shard's end of the pipe; thread-safe sends; a lost pipe stops the shard."""
+
+    def __init__(self, index: int, conn: Connection) -> None:
+        self.index = index
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.lost = threading.Event()
+
+    def send(self, *msg: Any) -> None:
+        if self.lost.is_set():
+            return
+        with self._lock:
+            try:
+                self._conn.send(msg)
+            except (OSError, EOFError, ValueError):  # the supervisor is gone: stop (main loop)
+                self.lost.set()
+
+    # ---- what the Agent calls ------------------------------------------------------------------
+    def camera_state(self, camera: str, state: str, reason: str | None) -> None:
+        self.send("camera", camera, state, reason)
+
+    def telemetry(self, fields: dict[str, Any], stages: dict[str, Any]) -> None:
+        self.send("telemetry", fields, stages)
+
+    def engine_state(self, model: str, fields: dict[str, Any]) -> None:
+        self.send("engine", model, fields)
+
+    def request_rebuild(
+        self, model: str, force: bool, precision: str | None, reasons: list[str] | None
+    ) -> bool:
+        self.send("rebuild", model, force, precision, reasons)
+        return True  # asked: the supervisor's manager starts it, or says it is already under way
+
+
+class ShardFields(logging.Filter):
+    """SHARD= on every record (journald field; `journalctl -u edge-agent SHARD=2`)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = str(index)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.SHARD = self.index
+        return True
+
+
+def _logging(index: int, level: str) -> None:
+    from agent.cli import setup_logging
+
+    setup_logging(level)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ShardFields(index))
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.stdout):
+            fmt = f"%(asctime)s %(levelname)-7s shard{index} %(name)s: %(message)s"
+            handler.setFormatter(logging.Formatter(fmt))
+
+
+def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> None:
+    """The process entry (multiprocessing spawn): start the Agent on this shard's cameras, serve the
+    supervisor's requests until told to stop, then stop it."""
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        os.environ.pop(key, None)  # READY/WATCHDOG come from the supervisor only
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the supervisor stops us
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _logging(index, level)
+    link = ShardLink(index, conn)
+    from agent.daemon import Agent  # heavy imports after the signals are set
+
+    agent = Agent(cfg, shard=link)
+    try:
+        agent.start()
+    except Exception as exc:  # the supervisor reports it (start-up: an error; later: restarts with backoff)
+        link.send("failed", str(exc) or repr(exc))
+        agent.stop()
+        sys.exit(EXIT_START_FAILED)
+    link.send("started", os.getpid())
+    reporter = threading.Thread(target=_report, args=(agent, link, stop), name="shard-progress", daemon=True)
+    reporter.start()
+    try:
+        _serve(agent, link, conn, stop)
+    finally:
+        stop.set()
+        agent.stop()
+
+
+def _report(agent: Any, link: ShardLink, stop: threading.Event) -> None:
+    while not stop.wait(PROGRESS_S):
+        try:
+            link.send("progress", agent.progress())
+        except Exception:
+            log.exception("shard progress report failed")
+
+
+def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event) -> None:
+    from agent.commands import CommandError
+
+    while not stop.is_set() and not link.lost.is_set():
+        try:
+            if not conn.poll(0.5):
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return  # the supervisor is gone
+        kind = msg[0]
+        if kind == "stop":
+            return
+        rid = msg[1]
+        try:
+            if kind == "snapshot":
+                body: Any = agent.snapshot(msg[2])
+            elif kind == "reload":
+                body = agent.apply_config(msg[2])
+            else:
+                raise CommandError(f"shard: unknown request {kind!r}")
+        except CommandError as exc:
+            link.send("answer", rid, False, str(exc))
+        except Exception as exc:  # a reload that failed here: the supervisor reports it
+            log.exception("shard request %s failed", kind)
+            link.send("answer", rid, False, f"{type(exc).__name__}: {exc}")
+        else:
+            link.send("answer", rid, True, body)

@@ -1,0 +1,548 @@
+"""The supervisor of pipeline shards (`pipeline.shards` > 1).
+
+It owns what the device has once: the MQTT status (birth, LWT, `offline`), command intake, Home Assistant
+discovery, the engine lifecycle (checks, builds, the accuracy gate: one build, every shard's watcher loads
+the same plan and swaps between two batches), READY/STATUS/WATCHDOG, telemetry and Prometheus. Each shard
+(agent.shards.child) runs the daemon's Agent over its cameras and publishes their topics with its own
+MQTT client (client id `<id>-shard<k>`, no will), so a camera's messages keep their order and the topic
+contract is the one of a single process.
+
+Faults stay in their shard: a shard that dies is restarted with backoff (agent.shards.host) while its
+cameras show `reconnecting`; a shard that stops reporting for HUNG_S is killed and restarted; WATCHDOG=1
+goes out only while every running shard makes progress (a shard waiting for its restart is a camera
+problem, not a reason for systemd to restart the service).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent import __version__
+from agent.commands import Answer, CommandError, CommandRouter, RebuildRequest, ReloadRequest, SnapshotRequest
+from agent.config import AgentConfig, ConfigError, load_config
+from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
+from agent.lifecycle.manager import EngineManager
+from agent.mqtt import MqttClient, MqttError
+from agent.preflight import preflight
+from agent.reload import plan_reload
+from agent.service import Notifier, extending
+from agent.shards.host import ShardHost
+from agent.shards.placement import ShardPlan, place
+from agent.signals import SignalInbox
+from agent.supervisor import Progress, Supervisor
+from agent.telemetry import Metrics, StageWindow, build_telemetry, process_stats
+from agent.topics import Topics, payload
+
+log = logging.getLogger(__name__)
+
+START_S = 300.0  # every shard started (models loaded, cameras tried) or failed, at start-up
+HUNG_S = 30.0  # a running shard silent this long (no progress report) is killed and restarted
+STALE_S = 5.0  # a running shard's last report older than this: its models count as not running
+REQUEST_S = 15.0  # snapshot from a shard
+RELOAD_S = 300.0  # a shard applying its part of a reload (it may open a model)
+
+
+def part_of(cfg: AgentConfig, plan: ShardPlan, k: int) -> AgentConfig:
+    """Shard k's config: its cameras, the models they use; no Prometheus port, no discovery."""
+    cams = {n: c for n, c in cfg.cameras.items() if plan.cameras.get(n) == k}
+    used = {c.model for c in cams.values()}
+    return cfg.model_copy(
+        update={
+            "cameras": cams,
+            "models": {n: m for n, m in cfg.models.items() if n in used},
+            "telemetry": cfg.telemetry.model_copy(update={"prometheus_port": None}),
+        }
+    )
+
+
+class ShardedAgent:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        config_path: str | Path | None = None,
+        notifier: Notifier | None = None,
+        level: str = "info",
+        plan: ShardPlan | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.started_at = time.time()
+        self.level = level
+        self.plan = plan or place(cfg)
+        self._stop = threading.Event()
+        self._signals = SignalInbox()
+        self._reload_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self.last_reload: dict | None = None
+        self.notifier = notifier or Notifier()
+        self.supervisor = Supervisor(self.notifier, self.progress)
+        self.topics = Topics(cfg.mqtt.prefix, cfg.device_id)
+        self.commands = CommandRouter(enabled=frozenset(cfg.mqtt.commands))
+        self.commands.register("rebuild", self._cmd_rebuild)
+        self.commands.register("reload", self._cmd_reload)
+        self.commands.register("snapshot", self._cmd_snapshot)
+        self.metrics = Metrics()
+        self.stages = StageWindow(capacity=2048 * self.plan.count)
+        self.mqtt: MqttClient | None = None
+        self.cameras: dict[str, tuple[str, str | None]] = {}  # state and reason, as the shards report them
+        self._progress: dict[int, tuple[Progress, float]] = {}
+        self._telemetry: dict[int, dict[str, Any]] = {}
+        self._engine_own: dict[str, dict[str, Any]] = {}
+        self._engine_shards: dict[str, dict[int, dict[str, Any]]] = {}
+        self.engines = EngineManager(
+            cfg, self._own_engine_state, lambda _m, _b: None, __version__, serve=False
+        )
+        self.hosts = [self._host(k) for k in range(self.plan.count)]
+        self._threads: list[threading.Thread] = []
+
+    def _host(self, k: int) -> ShardHost:
+        return ShardHost(
+            k, self.plan.gpus[k], part_of(self.cfg, self.plan, k), self.level, self, self.cfg.pipeline.restart
+        )
+
+    # ---- start ---------------------------------------------------------------------------------------
+    def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
+        if not cfg.mqtt.enabled:
+            return None
+        client = MqttClient.from_config(
+            cfg.mqtt,
+            topics,
+            birth=self._status_fields,
+            offline=self._offline_fields,
+            commands=self.commands,
+            answer=self._publish_answer,
+        )
+        client.watch(node_filter(cfg), self._on_discovery_config)
+        for region_filter in topics.regions_filter():
+            client.watch(region_filter, self._on_region_state)
+        return client
+
+    def start(self) -> None:
+        self._signals.install()
+        log.info(
+            "%s; cameras per shard: %s",
+            self.plan.why,
+            {k: len(self.plan.of(k)) for k in range(self.plan.count)},
+        )
+        self.mqtt = self._make_mqtt(self.cfg, self.topics)
+        for name in self.cfg.models:  # checks only: the shards load and serve
+            self.engines.open(name)
+        self.commands.start()
+        if self.mqtt is not None:
+            self.mqtt.start()
+            self._publish_discovery()
+        for host in self.hosts:
+            host.start()
+        with extending(self.notifier, f"starting {len(self.hosts)} pipeline shards"):
+            deadline = time.monotonic() + START_S
+            for host in self.hosts:
+                host.first_outcome.wait(max(0.0, deadline - time.monotonic()))
+        failed = [h for h in self.hosts if h.state != "running"]
+        if failed:
+            why = "; ".join(f"shard {h.index}: {h.last_exit or h.state}" for h in failed)
+            raise RuntimeError(f"pipeline shards did not start: {why}")
+        self.engines.start()
+        self.supervisor.start()
+        process_stats()
+        if self.cfg.telemetry.prometheus_port:
+            self.metrics.start_http(self.cfg.telemetry.prometheus_port)
+        for target, name in ((self._telemetry_loop, "telemetry"), (self._watch_loop, "shard-watch")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info(
+            "edge-agent %s started: device %s, %d model(s), %d camera(s) in %d shards",
+            __version__,
+            self.cfg.device_id,
+            len(self.cfg.models),
+            len(self.plan.cameras),
+            len(self.hosts),
+        )
+
+    # ---- what the shards say (ShardEvents; their host threads) ---------------------------------------
+    def shard_started(self, k: int, pid: int) -> None:
+        log.info("shard %d: running (pid %d, cameras %s)", k, pid, ", ".join(self.plan.of(k)) or "none")
+
+    def shard_failed(self, k: int, error: str) -> None:
+        log.error("shard %d: failed to start: %s", k, error)
+        self.hosts[k].last_exit = error
+
+    def shard_exited(self, k: int, why: str, restart_in: float | None) -> None:
+        cams = self.plan.of(k)
+        log.error(
+            "shard %d: %s; restarting in %.1f s (cameras %s)", k, why, restart_in or 0.0, ", ".join(cams)
+        )
+        self._progress.pop(k, None)
+        reason = f"shard {k} {why}; restarting"
+        with self._lock:
+            for cam in cams:
+                self.cameras[cam] = ("reconnecting", reason)
+        if self.mqtt is not None:
+            for cam in cams:  # its own client is gone: the supervisor says what happened to its cameras
+                body = payload(
+                    "camera-state", state="reconnecting", fps_in=0.0, fps_out=0.0, last_error=reason
+                )
+                self.mqtt.publish(self.topics.camera_state(cam), body, qos=1, retain=True, kind="state")
+        self._publish_status()
+
+    def shard_message(self, k: int, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "progress":
+            self._progress[k] = (msg[1], time.monotonic())
+        elif kind == "camera":
+            _, cam, state, reason = msg
+            with self._lock:
+                before = self._up()
+                self.cameras[cam] = (state, reason)
+                changed = self._up() != before
+            if changed:
+                self._publish_status()
+        elif kind == "telemetry":
+            self._telemetry[k] = msg[1]
+            self.stages.absorb(msg[2])
+        elif kind == "engine":
+            self._engine_shards.setdefault(msg[1], {})[k] = msg[2]
+            self._publish_engine(msg[1])
+        elif kind == "rebuild":
+            _, model, force, precision, reasons = msg
+            if model in self.engines.models:
+                self.engines.rebuild(model, force=force, precision=precision, reasons=reasons)
+        else:
+            log.warning("shard %d: unknown message %r", k, kind)
+
+    # ---- progress, status ------------------------------------------------------------------------------
+    def progress(self) -> Progress:
+        """Every shard's cameras and models (as "model (shard k)"); a shard waiting for its restart shows
+        its cameras as reconnecting and no model; one that stopped reporting shows its models not running."""
+        now = time.monotonic()
+        cams: dict[str, str] = {}
+        models = {}
+        fps = 0.0
+        for host in self.hosts:
+            k = host.index
+            entry = self._progress.get(k) if host.state == "running" else None
+            if entry is None:
+                state = "starting" if host.state == "starting" else "reconnecting"
+                cams.update({c: state for c in self.plan.of(k)})
+                continue
+            p, at = entry
+            cams.update(p.cameras)
+            fps += p.fps
+            fresh = now - at <= STALE_S
+            for name, m in p.models.items():
+                models[f"{name} (shard {k})"] = replace(m, running=m.running and fresh)
+        return Progress(cams, models, fps)
+
+    def _up(self) -> int:
+        return sum(1 for s, _ in self.cameras.values() if s == "streaming")
+
+    def _status_fields(self) -> dict:
+        with self._lock:
+            states = [s for s, _ in self.cameras.values()]
+        total = len(self.plan.cameras)
+        up = sum(1 for s in states if s == "streaming")
+        ended = sum(1 for s in states if s == "ended")
+        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
+        fields: dict[str, Any] = {
+            "state": state,
+            "version": __version__,
+            "started_at": self.started_at,
+            "cameras_up": up,
+            "cameras_total": total,
+            "shards": self._shards_summary(),
+        }
+        if self.last_reload is not None:
+            fields["last_reload"] = self.last_reload
+        return fields
+
+    def _shards_summary(self) -> dict[str, Any]:
+        return {
+            "count": len(self.hosts),
+            "running": sum(1 for h in self.hosts if h.state == "running"),
+            "restarts": sum(h.restarts for h in self.hosts),
+        }
+
+    def _offline_fields(self, reason: str) -> dict:
+        return {
+            "state": "offline",
+            "reason": reason,
+            "version": __version__,
+            "started_at": self.started_at,
+            "cameras_up": 0,
+            "cameras_total": len(self.plan.cameras),
+        }
+
+    def _publish_status(self) -> None:
+        if self.mqtt is not None:
+            body = self.mqtt.status_payload(self._status_fields())
+            self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
+        summary = self._shards_summary()
+        self.supervisor.set_extra(
+            ""
+            if summary["running"] == summary["count"]
+            else f"{summary['running']}/{summary['count']} shards running"
+        )
+
+    # ---- engines ---------------------------------------------------------------------------------------
+    def _own_engine_state(self, model: str, fields: dict[str, Any]) -> None:
+        self._engine_own[model] = dict(fields)
+        self._publish_engine(model)
+
+    def _publish_engine(self, model: str) -> None:
+        """The supervisor's state of the model (checks, builds), with what each shard serves."""
+        own = self._engine_own.get(model)
+        if own is None or self.mqtt is None:
+            return
+        shards = {
+            str(k): {f: s.get(f) for f in ("state", "backend", "precision", "key", "loaded") if f in s}
+            for k, s in sorted(self._engine_shards.get(model, {}).items())
+        }
+        body = payload("engine", model=model, **{**own, "shards": shards})
+        self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
+
+    # ---- commands -------------------------------------------------------------------------------------
+    def _publish_answer(self, answer: Answer) -> None:
+        if self.mqtt is not None:
+            body = payload("cmd-result", **{**answer.body(), "device": self.topics.device})
+            self.mqtt.publish(self.topics.cmd_result(answer.action), body, qos=1, kind="event")
+
+    def _cmd_rebuild(self, req: RebuildRequest) -> dict:
+        known = self.engines.models
+        if req.model is not None and req.model not in known:
+            raise CommandError(
+                f"field 'model': unknown or not a TensorRT model {req.model!r} (known: {known})"
+            )
+        targets = [req.model] if req.model else known
+        started = [m for m in targets if self.engines.rebuild(m, force=req.force, precision=req.precision)]
+        return {"started": started, "already_building": [m for m in targets if m not in started]}
+
+    def _cmd_reload(self, req: ReloadRequest) -> dict:
+        if not self.reload():
+            error = (self.last_reload or {}).get("error")
+            raise CommandError(f"config refused, the previous one is still running: {error}")
+        return {"changes": (self.last_reload or {}).get("changes")}
+
+    def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
+        k = self.plan.cameras.get(req.camera)
+        if k is None:
+            known = sorted(self.plan.cameras)
+            raise CommandError(f"field 'camera': unknown camera {req.camera!r} (known: {known})")
+        ok, body = self.hosts[k].request("snapshot", req.camera, REQUEST_S)
+        if not ok:
+            raise CommandError(str(body))
+        return dict(body, shard=k)
+
+    # ---- discovery ------------------------------------------------------------------------------------
+    def _publish_discovery(self, old: AgentConfig | None = None) -> None:
+        if self.mqtt is None:
+            return
+        for topic in removed_topics(old, self.cfg) if old is not None else []:
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
+        for topic, body in discovery_messages(self.cfg, self.topics, __version__).items():
+            self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
+
+    def _on_discovery_config(self, topic: str, body: bytes) -> None:
+        if body and self.mqtt is not None and stale_topics(self.cfg, [topic]):
+            log.info("Home Assistant: deleting stale discovery config %s", topic)
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
+
+    def _live_regions(self) -> set[str]:
+        live = set()
+        for name, cam in self.cfg.cameras.items():
+            if cam.enabled and cam.tracking.enabled:
+                live |= {self.topics.zone(name, z) for z in cam.zones}
+                live |= {self.topics.line(name, ln) for ln in cam.lines}
+        return live
+
+    def _on_region_state(self, topic: str, body: bytes) -> None:
+        if body and self.mqtt is not None and topic not in self._live_regions():
+            log.info("deleting stale zone/line state %s", topic)
+            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
+
+    # ---- telemetry and the shards' health ---------------------------------------------------------------
+    def telemetry_fields(self) -> dict[str, Any]:
+        cams: dict[str, Any] = {}
+        backends: dict[str, Any] = {}
+        fills = []
+        cpu, rss = 0.0, 0.0
+        shards = []
+        for host in self.hosts:
+            t = self._telemetry.get(host.index) if host.state == "running" else None
+            row: dict[str, Any] = {"shard": host.index, "state": host.state, "pid": host.pid, "gpu": host.gpu}
+            row.update(restarts=host.restarts, last_exit=host.last_exit, cameras=self.plan.of(host.index))
+            if t is not None:
+                cams.update(t.get("cameras", {}))
+                backends.update(t.get("backend") or {})
+                if t.get("batch_fill") is not None:
+                    fills.append(t["batch_fill"])
+                proc = t.get("process") or {}
+                cpu += proc.get("cpu_percent") or 0.0
+                rss += proc.get("rss_mb") or 0.0
+                row["process"] = proc
+            shards.append(row)
+        own = process_stats()
+        fields = build_telemetry(
+            cameras=cams,
+            stages=self.stages.summary(),
+            backend=backends,
+            batch_fill=round(float(np.mean(fills)), 3) if fills else None,
+            process={
+                "cpu_percent": round(cpu + (own.get("cpu_percent") or 0.0), 1),
+                "rss_mb": round(rss + (own.get("rss_mb") or 0.0), 1),
+                "processes": 1 + sum(1 for s in shards if "process" in s),
+            },
+            mqtt={**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None,
+        )
+        fields["shards"] = shards
+        return fields
+
+    def _telemetry_loop(self) -> None:
+        while not self._stop.wait(self.cfg.telemetry.interval_s):
+            try:
+                fields = self.telemetry_fields()
+                self.metrics.update(fields)
+                if self.mqtt is not None:
+                    self.mqtt.publish(
+                        self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event"
+                    )
+            except Exception:
+                log.exception("telemetry failed")
+
+    def _watch_loop(self) -> None:
+        """A running shard that stopped reporting (hung: a deadlock, a decoder stuck in a driver call) is
+        killed; its host restarts it."""
+        while not self._stop.wait(1.0):
+            now = time.monotonic()
+            for host in self.hosts:
+                entry = self._progress.get(host.index)
+                if host.state == "running" and entry is not None and now - entry[1] > HUNG_S:
+                    log.error(
+                        "shard %d: no report for %.0f s; killing it (it restarts)", host.index, now - entry[1]
+                    )
+                    self._progress.pop(host.index, None)
+                    host.kill()
+
+    # ---- reload ---------------------------------------------------------------------------------------
+    def reload(self) -> bool:
+        with self._reload_lock:
+            self.supervisor.reloading()
+            try:
+                changes = self._reload_from_file()
+            except Exception as exc:
+                expected = isinstance(exc, (ConfigError, OSError, ValueError, RuntimeError, MqttError))
+                error = str(exc) if expected else repr(exc)
+                if not expected:
+                    log.exception("reload failed")
+                log.error("reload refused or incomplete: %s", error)
+                self.last_reload = {"ok": False, "at": round(time.time(), 3), "error": error[:2000]}
+                ok = False
+            else:
+                log.info("reload applied: %s", changes)
+                self.last_reload = {"ok": True, "at": round(time.time(), 3), "changes": changes}
+                ok = True
+            self._publish_status()
+            self.supervisor.reloaded()
+            return ok
+
+    def _reload_from_file(self) -> str:
+        if self.config_path is None:
+            raise ConfigError("reload: the agent was not started from a config file")
+        new = load_config(self.config_path)
+        problems = preflight(new, str(self.config_path))
+        if problems:
+            raise ConfigError("\n".join(problems))
+        plan = plan_reload(self.cfg, new)
+        if plan.needs_restart:
+            new = new.model_copy(
+                update={
+                    "engine_dir": self.cfg.engine_dir,
+                    "telemetry": new.telemetry.model_copy(
+                        update={"prometheus_port": self.cfg.telemetry.prometheus_port}
+                    ),
+                    "pipeline": self.cfg.pipeline,
+                }
+            )
+        if new.mqtt.enabled and plan.mqtt:
+            new.mqtt.read_password()
+        placement = place(new, previous=self.plan.cameras, count=self.plan.count)
+        old, old_plan = self.cfg, self.plan
+        self._apply_engines(new, plan)
+        if plan.mqtt:
+            client = self._make_mqtt(new, Topics(new.mqtt.prefix, new.device_id))
+            previous, self.mqtt, self.topics = self.mqtt, client, Topics(new.mqtt.prefix, new.device_id)
+            if previous is not None:
+                previous.close()
+            if client is not None:
+                client.start()
+                self.engines.republish()
+        self.cfg, self.plan = new, placement
+        errors = []
+        for host in self.hosts:  # each shard applies its part in place, as a single process would
+            host.part = part_of(new, placement, host.index)
+            if host.state != "running":
+                continue  # it starts with its new part
+            ok, body = host.request("reload", host.part, RELOAD_S)
+            if not ok:
+                errors.append(f"shard {host.index}: {body}")
+        with self._lock:
+            for cam in [c for c in self.cameras if c not in placement.cameras]:
+                del self.cameras[cam]
+        self._publish_discovery(old)
+        moved = [c for c, k in placement.cameras.items() if old_plan.cameras.get(c, k) != k]
+        summary = plan.summary() + (f"; moved to another shard: {', '.join(moved)}" if moved else "")
+        if errors:
+            raise RuntimeError(f"applied in part ({summary}); " + "; ".join(errors))
+        return summary
+
+    def _apply_engines(self, new: AgentConfig, plan: Any) -> None:
+        for name in plan.models_removed + plan.models_changed:
+            self.engines.retire(self.engines.detach(name))
+        self.engines.reconfigure(new)
+        for name in plan.models_added + plan.models_changed:
+            self.engines.open(name, new)
+        self.engines.start_pending()
+
+    # ---- stop -----------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._signals.stop = True
+        self._signals.poke()
+
+    def request_reload(self) -> None:
+        self._signals.reload = True
+        self._signals.poke()
+
+    def run_forever(self) -> None:
+        self._signals.install()
+        try:
+            while not (self._signals.stop or self._stop.is_set()):
+                self._signals.wait(0.5)
+                if self._signals.stop:
+                    break
+                if self._signals.take_reload():
+                    self.reload()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.supervisor.stopping()
+        t0 = time.monotonic()
+        for host in self.hosts:
+            host.ask_stop()  # all at once: they stop in parallel
+        for host in self.hosts:
+            host.stop(timeout=max(1.0, 10.0 - (time.monotonic() - t0)))
+        self.engines.close()
+        self.commands.stop()
+        if self.mqtt is not None:
+            self.mqtt.close()
+        self._signals.restore()
+        log.info("edge-agent stopped in %.2f s (%d shards)", time.monotonic() - t0, len(self.hosts))
