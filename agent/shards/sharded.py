@@ -229,8 +229,8 @@ class ShardedAgent:
         for host in self.hosts:
             k = host.index
             entry = self._progress.get(k) if host.state == "running" else None
-            if entry is None:
-                state = "starting" if host.state == "starting" else "reconnecting"
+            if entry is None:  # not reporting yet (starting), or waiting for its restart
+                state = "starting" if host.state in ("starting", "running") else "reconnecting"
                 cams.update({c: state for c in self.plan.of(k)})
                 continue
             p, at = entry

@@ -1,0 +1,107 @@
+"""The sharded daemon on a GPU box: two shards of NVDEC cameras (ONNX Runtime serving); one shard SIGKILLed
+(what a crash in a decoder does to its process) is restarted and its cameras stream again while the other
+shard's cameras keep streaming; SIGTERM stops everything. Run on the device box (marked gpu; CI skips it):
+
+    python3 -m pytest -m gpu tests/test_shards_gpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "agent" / "assets"
+
+
+def _clip(tmp_path: Path) -> Path:
+    """An H.264 elementary stream of the bundled clip at 1080p (NVDEC needs a codec it decodes)."""
+    out = tmp_path / "bikes-1080p.h264"
+    tool = REPO / "tools" / "make_clip.py"
+    subprocess.run(
+        [sys.executable, str(tool), "--size", "1920x1080", "--codec", "h264", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def _wait(path: Path, pattern: str, timeout: float, start: int = 0) -> re.Match[str] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, path.read_text(errors="replace")[start:], re.M)
+        if m:
+            return m
+        time.sleep(0.2)
+    return None
+
+
+def test_two_nvdec_shards_survive_a_killed_shard(tmp_path: Path) -> None:
+    pytest.importorskip("PyNvVideoCodec")
+    clip = tmp_path / "bikes-1080p.h264"
+    given = os.environ.get("EDGE_AGENT_GPU_CLIP")
+    clip = Path(given) if given else _clip(tmp_path)
+    cams = {
+        f"cam{i}": {"url": str(clip), "model": "det", "decoder": "nvdec", "fps": 25, "shard": i % 2}
+        for i in range(8)
+    }
+    cfg = {
+        "device_id": "shards-gpu",
+        "engine_dir": str(tmp_path / "engines"),
+        "models": {
+            "det": {
+                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
+                "labels": str(ASSETS / "coco.names"),
+                "format": "nanodet",
+                "backend": "onnxruntime",
+            }
+        },
+        "cameras": cams,
+        "mqtt": {"enabled": False},
+        "telemetry": {"interval_s": 1},
+        "pipeline": {"shards": 2, "restart": {"min_s": 0.5, "max_s": 2}},
+    }
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--log-level", "info"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    try:
+        assert _wait(log, r"agent\.supervisor: ready: 8/8 cameras streaming", 120), log.read_text()[-4000:]
+        m = _wait(log, r"shard 1: running \(pid (\d+)", 1)
+        assert m is not None
+        pid = int(m.group(1))
+        mark = len(log.read_text(errors="replace"))
+        os.kill(pid, signal.SIGKILL)
+        assert _wait(log, r"shard 1: killed by SIGKILL; restarting", 20, mark)
+        back = _wait(log, r"shard 1: running \(pid (\d+)", 60, mark)
+        assert back is not None and int(back.group(1)) != pid
+        assert _wait(log, r"shard1 pipelines\.sources: camera cam\d: streaming", 60, mark)
+        assert proc.poll() is None  # the supervisor and shard 0 went on
+        after = log.read_text(errors="replace")[mark:]
+        assert not re.search(r"shard0 .*camera cam\d: (reconnecting|starting)", after), after[-3000:]
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log.read_text(errors="replace")[-6000:])
