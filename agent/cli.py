@@ -76,7 +76,12 @@ def _run_agent(
     except ServiceError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
-    plan = place(cfg)
+    gpus_seen = 0
+    if cfg.pipeline.shards != 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        from engines.gpu_probe import NVML
+
+        gpus_seen = NVML.count()  # several GPUs: shards spread over them unless pipeline.gpus says
+    plan = place(cfg, gpus_seen=gpus_seen)
     agent: Any
     if plan.count > 1:  # pipeline.shards: a supervisor over worker processes (agent.shards)
         from agent.shards.sharded import ShardedAgent

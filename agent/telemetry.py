@@ -266,6 +266,27 @@ class Metrics:
         self.gpu_util = Gauge("gpu_utilization_percent", "GPU utilisation", ["gpu"], namespace=ns, registry=r)
         self.gpu_mem = Gauge("gpu_memory_used_bytes", "GPU memory used", ["gpu"], namespace=ns, registry=r)
         self.gpu_temp = Gauge("gpu_temperature_celsius", "GPU temperature", ["gpu"], namespace=ns, registry=r)
+        self.gpu_decoder = Gauge(
+            "gpu_decoder_utilization_percent", "NVDEC utilisation", ["gpu"], namespace=ns, registry=r
+        )
+        self.gpu_nvdec = Gauge(
+            "gpu_nvdec_sessions", "Cameras decoding with NVDEC on the GPU", ["gpu"], namespace=ns, registry=r
+        )
+        # Pipeline shards (agent.shards): present only when pipeline.shards > 1.
+        self.shard_up = Gauge(
+            "shard_up", "1 while the shard process runs", ["shard"], namespace=ns, registry=r
+        )
+        self.shard_restarts = Counter(
+            "shard_restarts", "Restarts of the shard process", ["shard"], namespace=ns, registry=r
+        )
+        self.shard_device_memory = Gauge(
+            "shard_device_memory_bytes",
+            "Device memory of the shard process",
+            ["shard"],
+            namespace=ns,
+            registry=r,
+        )
+        self._shard_restarts_seen: dict[str, int] = {}
         self.mqtt_dropped = Gauge(
             "mqtt_dropped_offline",
             "Events dropped while the broker was unreachable (since start)",
@@ -392,11 +413,29 @@ class Metrics:
                 self.gpu_mem.labels(idx).set(g["mem_used_mb"] * 2**20)
             if g.get("temp_c") is not None:
                 self.gpu_temp.labels(idx).set(g["temp_c"])
+        for idx, g in (fields.get("gpu") or {}).items():
+            if g.get("decoder_util_percent") is not None:
+                self.gpu_decoder.labels(idx).set(g["decoder_util_percent"])
+            if g.get("nvdec_sessions") is not None:
+                self.gpu_nvdec.labels(idx).set(g["nvdec_sessions"])
+        self._update_shards(fields.get("shards") or [])
         mq = fields.get("mqtt") or {}
         self.mqtt_dropped.set(mq.get("dropped_offline", 0))
         self.mqtt_queued.set(mq.get("queued", 0))
         self.mqtt_refused.set(mq.get("refused", 0))
         self.mqtt_duplicates.set(len(mq.get("duplicates") or ()))
+
+    def _update_shards(self, shards: list[Mapping[str, Any]]) -> None:
+        for row in shards:
+            k = str(row.get("shard"))
+            self.shard_up.labels(k).set(1 if row.get("state") == "running" else 0)
+            restarts = int(row.get("restarts") or 0)
+            seen = self._shard_restarts_seen.get(k, 0)
+            if restarts > seen:  # a counter: only what was added since the last update
+                self.shard_restarts.labels(k).inc(restarts - seen)
+            self._shard_restarts_seen[k] = restarts
+            if row.get("device_memory_mb") is not None:
+                self.shard_device_memory.labels(k).set(row["device_memory_mb"] * 2**20)
 
     def start_http(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve /metrics on ``addr:port`` (port 0 picks a free one); returns the port."""

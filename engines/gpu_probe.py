@@ -11,6 +11,7 @@ utilisation, memory and temperature.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
@@ -146,10 +147,39 @@ class Nvml:
                     "mem_total_mb": round(mem.total / 2**20, 1),
                     "temp_c": float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
                 }
+                with contextlib.suppress(Exception):  # NVDEC's load (not every board or driver reports it)
+                    out[str(i)]["decoder_util_percent"] = float(nvml.nvmlDeviceGetDecoderUtilization(h)[0])
             return out
         except Exception as e:  # NVMLError and friends: a device gone, no permission
             log.debug("NVML stats: %s", e)
             return {}
+
+    def count(self) -> int:
+        """GPUs the driver sees (0 where NVML cannot be used)."""
+        nvml = self.lib()
+        if nvml is None:
+            return 0
+        try:
+            return int(nvml.nvmlDeviceGetCount())
+        except Exception:
+            return 0
+
+    def process_memory(self) -> dict[int, float]:
+        """Device memory (MB) per process id over every GPU (engines, NVDEC surfaces, CUDA contexts); {}
+        where unreadable (containers often hide other processes)."""
+        nvml = self.lib()
+        if nvml is None:
+            return {}
+        out: dict[int, float] = {}
+        try:
+            for i in range(nvml.nvmlDeviceGetCount()):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    used = proc.usedGpuMemory or 0  # None where the driver does not say
+                    out[int(proc.pid)] = out.get(int(proc.pid), 0.0) + round(used / 2**20, 1)
+        except Exception as e:
+            log.debug("NVML process memory: %s", e)
+        return out
 
 
 NVML = Nvml()

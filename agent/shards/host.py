@@ -85,6 +85,7 @@ class ShardHost:
         self.restarts = 0
         self.started_at: float | None = None
         self.last_exit: str | None = None
+        self.failure: str | None = None  # why its last start failed (the shard's own words), until it runs
         self.first_outcome = threading.Event()  # the first start succeeded or failed
 
     # ---- life ------------------------------------------------------------------------------------
@@ -99,17 +100,23 @@ class ShardHost:
             args=(self.index, self.part, child, self._level),
             name=f"edge-agent-shard{self.index}",
         )
+        # pipeline.gpus counts as nvidia-smi and NVML do (PCI bus order), not CUDA's fastest-first order.
+        pinned = (
+            {"CUDA_VISIBLE_DEVICES": str(self.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            if self.gpu is not None
+            else {}
+        )
         with _ENV_LOCK:
-            old = os.environ.get("CUDA_VISIBLE_DEVICES")
-            if self.gpu is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+            old = {k: os.environ.get(k) for k in pinned}
+            os.environ.update(pinned)
             try:
                 proc.start()
             finally:
-                if old is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = old
+                for k, v in old.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         child.close()  # ours closed: recv() ends (EOFError) when the child's end goes with its process
         return proc, parent
 
@@ -156,11 +163,11 @@ class ShardHost:
                 continue
             kind = msg[0]
             if kind == "started":
-                self.state, self.started_at = "running", time.monotonic()
+                self.state, self.started_at, self.failure = "running", time.monotonic(), None
                 self._events.shard_started(self.index, msg[1])
                 self.first_outcome.set()
             elif kind == "failed":
-                self.state = "failed"
+                self.state, self.failure = "failed", msg[1]
                 self._events.shard_failed(self.index, msg[1])
                 self.first_outcome.set()
             elif kind == "answer":

@@ -40,7 +40,15 @@ class ShardPlan:
         return [c for c, k in self.cameras.items() if k == shard]
 
 
-def shard_count(cfg: AgentConfig, cores: int | None = None) -> tuple[int, str]:
+def gpu_list(cfg: AgentConfig, gpus_seen: int = 0) -> list[int] | None:
+    """The GPUs shards run on: pipeline.gpus, else every GPU the driver shows when there are several
+    (`gpus_seen`: the caller's count, 0 where CUDA_VISIBLE_DEVICES already chose), else None."""
+    if cfg.pipeline.gpus:
+        return list(cfg.pipeline.gpus)
+    return list(range(gpus_seen)) if gpus_seen > 1 else None
+
+
+def shard_count(cfg: AgentConfig, cores: int | None = None, gpus_seen: int = 0) -> tuple[int, str]:
     """pipeline.shards as a number, and why. `auto`: by load, at least one per GPU, at most cores / 4 and
     never more than the enabled cameras."""
     cams = {n: c for n, c in cfg.cameras.items() if c.enabled}
@@ -50,13 +58,13 @@ def shard_count(cfg: AgentConfig, cores: int | None = None) -> tuple[int, str]:
         return int(setting), f"pipeline.shards: {setting}"
     cores = cores or os.cpu_count() or 1
     load = sum(camera_load(c) for c in cams.values())
-    gpus = len(cfg.pipeline.gpus or [])
+    gpus = len(gpu_list(cfg, gpus_seen) or [])
     by_load = math.ceil(load / LOAD_PER_SHARD) if load else 1
-    n = max(1, min(by_load, max(1, cores // CORES_PER_SHARD), len(cams) or 1))
+    n = max(1, min(by_load, max(1, cores // CORES_PER_SHARD), len(cams) or 1), pinned)
     if gpus > 1:
         n = max(n, min(gpus, len(cams) or 1))
-        n = math.ceil(n / gpus) * gpus if n >= gpus else n  # the same number of shards on every GPU
-    n = max(n, pinned)
+        if n >= gpus:  # the same number of shards on every GPU, as far as there are cameras for them
+            n = max(min(math.ceil(n / gpus) * gpus, len(cams)), pinned)
     why = (
         f"pipeline.shards: auto -> {n} ({len(cams)} cameras, {load:.0f} frames/s expected, "
         f"{LOAD_PER_SHARD:g} per shard, {cores} cores{f', {gpus} GPUs' if gpus else ''})"
@@ -69,12 +77,13 @@ def place(
     previous: Mapping[str, int] | None = None,
     cores: int | None = None,
     count: int | None = None,
+    gpus_seen: int = 0,
 ) -> ShardPlan:
     """The shard of every enabled camera: pinned ones where pinned, running ones where they run, new ones
     on the least loaded shard (heaviest camera first; ties: the lower shard). `count`: the running number
     of shards (a reload keeps it; `pipeline` changes need a restart)."""
     if count is None:
-        count, why = shard_count(cfg, cores)
+        count, why = shard_count(cfg, cores, gpus_seen)
     else:
         why = f"{count} shards (kept while running)"
     bad = [
@@ -97,6 +106,6 @@ def place(
         k = min(range(count), key=lambda i: (load[i], i))
         out[name] = k
         load[k] += camera_load(cams[name])
-    gpus = cfg.pipeline.gpus
+    gpus = gpu_list(cfg, gpus_seen)
     per_gpu = tuple(gpus[k % len(gpus)] if gpus else None for k in range(count))
     return ShardPlan(count, per_gpu, dict(sorted(out.items())), why)

@@ -39,6 +39,7 @@ from agent.signals import SignalInbox
 from agent.supervisor import Progress, Supervisor
 from agent.telemetry import Metrics, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
+from engines.gpu_probe import NVML
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +147,11 @@ class ShardedAgent:
             for host in self.hosts:
                 host.first_outcome.wait(max(0.0, deadline - time.monotonic()))
         failed = [h for h in self.hosts if h.state != "running"]
-        if failed:
-            why = "; ".join(f"shard {h.index}: {h.last_exit or h.state}" for h in failed)
+        why = "; ".join(f"shard {h.index}: {h.failure or h.last_exit or h.state}" for h in failed)
+        if failed and len(failed) == len(self.hosts):
             raise RuntimeError(f"pipeline shards did not start: {why}")
+        if failed:  # e.g. a GPU that fails: its shards retry with backoff, the other cameras run
+            log.error("some pipeline shards did not start (they retry with backoff): %s", why)
         self.engines.start()
         self.supervisor.start()
         process_stats()
@@ -181,7 +184,8 @@ class ShardedAgent:
             "shard %d: %s; restarting in %.1f s (cameras %s)", k, why, restart_in or 0.0, ", ".join(cams)
         )
         self._progress.pop(k, None)
-        reason = f"shard {k} {why}; restarting"
+        failure = self.hosts[k].failure
+        reason = f"shard {k} failed to start: {failure}" if failure else f"shard {k} {why}; restarting"
         with self._lock:
             for cam in cams:
                 self.cameras[cam] = ("reconnecting", reason)
@@ -374,10 +378,14 @@ class ShardedAgent:
         fills = []
         cpu, rss = 0.0, 0.0
         shards = []
+        device_mb = NVML.process_memory()
         for host in self.hosts:
             t = self._telemetry.get(host.index) if host.state == "running" else None
             row: dict[str, Any] = {"shard": host.index, "state": host.state, "pid": host.pid, "gpu": host.gpu}
             row.update(restarts=host.restarts, last_exit=host.last_exit, cameras=self.plan.of(host.index))
+            row["device_memory_mb"] = device_mb.get(host.pid) if host.pid is not None else None
+            if host.failure:
+                row["failure"] = host.failure
             if t is not None:
                 cams.update(t.get("cameras", {}))
                 backends.update(t.get("backend") or {})
@@ -402,6 +410,13 @@ class ShardedAgent:
             mqtt={**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None,
         )
         fields["shards"] = shards
+        for idx, gpu in (fields.get("gpu") or {}).items():  # which shards and NVDEC sessions each GPU has
+            mine = [s for s in shards if s["gpu"] is not None and str(s["gpu"]) == idx]
+            gpu["shards"] = [s["shard"] for s in mine]
+            names = {c for s in mine for c in s["cameras"]}
+            gpu["nvdec_sessions"] = sum(
+                1 for c, row in cams.items() if c in names and row.get("decoder") == "nvdec"
+            )
         return fields
 
     def _telemetry_loop(self) -> None:
