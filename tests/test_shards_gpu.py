@@ -105,3 +105,124 @@ def test_two_nvdec_shards_survive_a_killed_shard(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(10)
         print(log.read_text(errors="replace")[-6000:])
+
+
+def _config(
+    tmp_path: Path, clip: Path, pipeline: dict, preprocess: str = "cpu", port: int | None = None
+) -> Path:
+    cams = {f"cam{i}": {"url": str(clip), "model": "det", "decoder": "nvdec", "fps": 25} for i in range(8)}
+    cfg = {
+        "device_id": "shards-gpus",
+        "engine_dir": str(tmp_path / "engines"),
+        "models": {
+            "det": {
+                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
+                "labels": str(ASSETS / "coco.names"),
+                "format": "nanodet",
+                "backend": "onnxruntime",
+                "preprocess": preprocess,
+            }
+        },
+        "cameras": cams,
+        "mqtt": {"enabled": False},
+        "telemetry": {"interval_s": 1, "prometheus_port": port},
+        "pipeline": pipeline,
+    }
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def _metrics(port: int) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--log-level", "info"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+
+def _gpu_count() -> int:
+    from engines.gpu_probe import NVML
+
+    return NVML.count()
+
+
+def test_shards_spread_over_every_gpu(tmp_path: Path) -> None:
+    """Two GPUs and `shards: auto` without pipeline.gpus: shards on both, NVDEC sessions on each."""
+    pytest.importorskip("PyNvVideoCodec")
+    if _gpu_count() < 2:
+        pytest.skip("needs two GPUs (the nvidia-h100-x2 kind)")
+    given = os.environ.get("EDGE_AGENT_GPU_CLIP")
+    clip = Path(given) if given else _clip(tmp_path)
+    port = _free_port()
+    log = tmp_path / "agent.log"
+    proc = _run(_config(tmp_path, clip, {"shards": 2}, port=port), log)
+    try:
+        assert _wait(log, r"agent\.supervisor: ready: 8/8 cameras streaming", 120), log.read_text()[-4000:]
+        time.sleep(2.5)  # a telemetry interval or two
+        m = _metrics(port)
+        assert m.get('edge_agent_gpu_nvdec_sessions{gpu="0"}') == 4, m
+        assert m.get('edge_agent_gpu_nvdec_sessions{gpu="1"}') == 4, m
+        assert m.get('edge_agent_shard_up{shard="0"}') == 1 and m.get('edge_agent_shard_up{shard="1"}') == 1
+        assert m.get('edge_agent_shard_device_memory_bytes{shard="1"}', 0) > 0, m
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log.read_text(errors="replace")[-4000:])
+
+
+def test_a_gpu_that_fails_fails_only_its_shards(tmp_path: Path) -> None:
+    """pipeline.gpus names a GPU that is not there: its shard fails to start (GPU preprocessing cannot
+    run) and retries with backoff, with the reason on its cameras; the other shard's cameras stream."""
+    pytest.importorskip("PyNvVideoCodec")
+    given = os.environ.get("EDGE_AGENT_GPU_CLIP")
+    clip = Path(given) if given else _clip(tmp_path)
+    port = _free_port()
+    log = tmp_path / "agent.log"
+    pipeline = {"shards": 2, "gpus": [0, 9], "restart": {"min_s": 1, "max_s": 2}}
+    proc = _run(_config(tmp_path, clip, pipeline, preprocess="gpu", port=port), log)
+    try:
+        assert _wait(log, r"some pipeline shards did not start .*shard 1: .*gpu is not available", 120), (
+            log.read_text()[-4000:]
+        )
+        assert _wait(log, r"agent\.supervisor: ready: 4/8 cameras streaming", 60), log.read_text()[-4000:]
+        assert _wait(log, r"shard 1: failed to start", 30)
+        time.sleep(2.5)
+        m = _metrics(port)
+        assert (
+            m.get('edge_agent_shard_up{shard="0"}') == 1 and m.get('edge_agent_shard_up{shard="1"}') == 0
+        ), m
+        assert m.get('edge_agent_shard_restarts_total{shard="1"}', 0) >= 1, m
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log.read_text(errors="replace")[-4000:])
