@@ -255,6 +255,7 @@ class MqttClient:
         self._rng = random.Random()
         self._connected_event = threading.Event()
         self._closed = False
+        self._last_qos1: paho.MQTTMessageInfo | None = None  # a shard's close() waits for its ack
         self._states: dict[str, tuple[bytes, int]] = {}  # latest retained payload per topic
         self._pending_states: dict[str, tuple[bytes, int]] = {}  # changed while offline, not yet sent
         self._events: collections.deque[tuple[str, bytes, int]] = collections.deque(maxlen=offline_queue)
@@ -412,6 +413,13 @@ class MqttClient:
                         log.debug("offline status not confirmed: %s", exc)
                     if not info.is_published():
                         log.log(self._warn, "MQTT: offline status not acknowledged within %.1f s", timeout)
+            elif self._connected and self.shard is not None and self._last_qos1 is not None:
+                # A shard has no offline status to wait for: its last QoS>=1 message (the cameras'
+                # `stopped` states) instead, so that DISCONNECT does not overtake what was just published.
+                try:
+                    self._last_qos1.wait_for_publish(timeout)
+                except (RuntimeError, ValueError) as exc:
+                    log.debug("last message not confirmed: %s", exc)
             c.disconnect()
         self._connected = False
         self._connected_event.clear()
@@ -494,6 +502,8 @@ class MqttClient:
         if qos > 0 and rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             self._track(info.mid, topic)
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            if qos > 0:
+                self._last_qos1 = info
             with self._lock:
                 self._counts["published"] += 1
         elif rc == MQTTErrorCode.MQTT_ERR_NO_CONN:

@@ -216,17 +216,20 @@ class ShardHost:
         self._send("stop")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the shard to stop (its cameras publish `stopped`), then make sure it is gone."""
+        """Ask the shard to stop (its cameras publish `stopped`), then make sure it is gone. The life thread
+        alone joins the process: of two threads waiting for one child, the one that loses the race sees it
+        alive (ECHILD) and warned, and signalled a pid already reaped."""
         self.ask_stop()
-        proc = self._proc
-        if proc is not None:
-            proc.join(timeout)
-            if proc.is_alive():
-                log.warning("shard %d: did not stop within %.0f s; killing it", self.index, timeout)
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("shard %d: did not stop within %.0f s; killing it", self.index, timeout)
+            proc = self._proc
+            if proc is not None:
                 proc.kill()
-                proc.join(5.0)
-        if self._thread is not None:
-            self._thread.join(5.0)
+            thread.join(10.0)  # its pipe closes: the life thread reaps the process
 
     def kill(self) -> None:
         """SIGKILL the process (tests, a hung shard); the life thread restarts it."""
