@@ -798,10 +798,12 @@ class Agent:
         self._signals.poke()
 
     def _install_signals(self) -> None:
-        self._signals.install()
+        if self.shard is None:  # a shard takes no signal: its supervisor stops it (agent.shards.child)
+            self._signals.install()
 
     def _restore_signals(self) -> None:
-        self._signals.restore()
+        if self.shard is None:
+            self._signals.restore()
 
     def run_forever(self) -> None:
         """The main thread: signal handlers only set flags (a handler may interrupt any line of this

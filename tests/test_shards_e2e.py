@@ -271,6 +271,12 @@ def test_shards_status_kill_snapshot_reload_and_stop(
     assert set(victims) <= set(shards[0]["cameras"])
     assert set(others) <= set(shards[1]["cameras"])  # nobody moved
 
+    # ---- a SIGTERM to a shard alone is ignored (systemd sends it to the whole cgroup; the supervisor stops
+    # its shards through their pipes, so none exits early and gets reported `reconnecting`) -----------------
+    os.kill(pids[1], signal.SIGTERM)
+    time.sleep(1.0)
+    assert alive(pids[1])
+
     # ---- SIGTERM: a clean exit, `offline`, no shard left --------------------------------------------------
     rc, took = agent.terminate(timeout=20)
     assert took < 15, took

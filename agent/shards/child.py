@@ -6,9 +6,11 @@ Messages (tuples, first item the kind; agent.shards.host reads them):
   fields), ("rebuild", model, force, precision, reasons), ("answer", request id, ok, body or error);
 - from it: ("stop",), ("snapshot", id, camera), ("reload", id, config part).
 
-The shard never talks to systemd (NOTIFY_SOCKET is removed from its environment), never reads signals
-meant for the service (SIGINT and SIGHUP ignored; SIGTERM, sent by systemd to the whole cgroup, stops it
-as ("stop",) does), and stops when the pipe closes (the supervisor is gone).
+The shard never talks to systemd (NOTIFY_SOCKET is removed from its environment) and ignores SIGINT,
+SIGHUP and SIGTERM: `systemctl stop` sends SIGTERM to the whole cgroup, and a shard that exited on its own
+would race the supervisor (which would report its cameras `reconnecting` and restart it). The supervisor
+stops it through the pipe, its cameras publish `stopped`; a shard also stops when the pipe closes (the
+supervisor is gone, even by SIGKILL).
 """
 
 from __future__ import annotations
@@ -93,9 +95,8 @@ def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> No
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(key, None)  # READY/WATCHDOG come from the supervisor only
     stop = threading.Event()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the supervisor stops us
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # the supervisor's to act on (docstring)
+        signal.signal(sig, signal.SIG_IGN)
     _logging(index, level)
     link = ShardLink(index, conn)
     from agent.daemon import Agent  # heavy imports after the signals are set
