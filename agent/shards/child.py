@@ -4,7 +4,9 @@ Messages (tuples, first item the kind; agent.shards.host reads them):
 - to the supervisor: ("started", pid) | ("failed", error) once; then ("camera", name, state, reason),
   ("progress", Progress) every PROGRESS_S, ("telemetry", fields, stage samples), ("engine", model,
   fields), ("rebuild", model, force, precision, reasons), ("answer", request id, ok, body or error);
-- from it: ("stop",), ("snapshot", id, camera), ("reload", id, config part).
+- from it: ("stop",), ("snapshot", id, camera), ("reload", id, config part), ("tap", id, (model, total,
+  interval_s, timeout_s)): frames of the model's pipeline for the accuracy gate or INT8 calibration,
+  answered by ("frame", id, (image, origin)) messages and then ("answer", id, ok, count).
 
 The shard never talks to systemd (NOTIFY_SOCKET is removed from its environment) and ignores SIGINT,
 SIGHUP and SIGTERM: `systemctl stop` sends SIGTERM to the whole cgroup, and a shard that exited on its own
@@ -140,6 +142,10 @@ def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event)
         if kind == "stop":
             return
         rid = msg[1]
+        if kind == "tap":  # frames for a build: streamed from a thread, requests go on meanwhile
+            args = (agent, link, rid, *msg[2], stop)
+            threading.Thread(target=_tap, args=args, name="shard-tap", daemon=True).start()
+            continue
         try:
             if kind == "snapshot":
                 body: Any = agent.snapshot(msg[2])
@@ -154,3 +160,30 @@ def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event)
             link.send("answer", rid, False, f"{type(exc).__name__}: {exc}")
         else:
             link.send("answer", rid, True, body)
+
+
+def _tap(
+    agent: Any,
+    link: ShardLink,
+    rid: int,
+    model: str,
+    total: int,
+    interval_s: float,
+    timeout_s: float,
+    stop: threading.Event,
+) -> None:
+    """The model's FrameTap (the running pipeline's frames, one per camera per interval) to the supervisor,
+    where the engine job of every shard is prepared."""
+    tap = agent.taps.get(model)
+    if tap is None:
+        link.send("answer", rid, False, f"shard {link.index}: no pipeline for model {model}")
+        return
+    n = 0
+    try:
+        for item in tap.frames(total, interval_s, timeout_s, stop):
+            link.send("frame", rid, item)
+            n += 1
+    except Exception as exc:  # e.g. a capture already running for this model
+        link.send("answer", rid, False, str(exc))
+        return
+    link.send("answer", rid, True, n)

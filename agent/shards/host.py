@@ -12,10 +12,11 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from agent.shards.child import shard_main
 
 log = logging.getLogger(__name__)
 
+_END = object()  # the end of a stream request
 STABLE_S = 60.0  # a shard that ran this long starts the backoff afresh when it dies
 _ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around a spawn (the child copies the environment)
 
@@ -79,6 +81,7 @@ class ShardHost:
         self._proc: Any = None
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
+        self._streams: dict[int, queue.Queue[Any]] = {}  # stream requests (tap): items, then _END
         self._ids = itertools.count(1)
         self.state = "starting"  # starting | running | restarting | failed | stopped
         self.pid: int | None = None
@@ -170,6 +173,14 @@ class ShardHost:
                 self.state, self.failure = "failed", msg[1]
                 self._events.shard_failed(self.index, msg[1])
                 self.first_outcome.set()
+            elif kind == "frame":
+                stream = self._streams.get(msg[1])
+                if stream is not None:
+                    stream.put(msg[2])
+            elif kind == "answer" and msg[1] in self._streams:
+                if not msg[2]:
+                    log.warning("shard %d: %s", self.index, msg[3])
+                self._streams[msg[1]].put(_END)
             elif kind == "answer":
                 pending = self._pending.pop(msg[1], None)
                 if pending is not None:
@@ -204,7 +215,32 @@ class ShardHost:
             except (OSError, EOFError, ValueError):
                 return False
 
+    def stream(self, kind: str, arg: Any, stop: threading.Event | None = None) -> Iterator[Any]:
+        """A request answered by many items (tap: frames); ends when the shard says so, stops or goes."""
+        if self.state != "running":
+            return
+        rid = next(self._ids)
+        items: queue.Queue[Any] = queue.Queue()
+        self._streams[rid] = items
+        try:
+            if not self._send(kind, rid, arg):
+                return
+            while not (stop is not None and stop.is_set()):
+                try:
+                    item = items.get(timeout=0.5)
+                except queue.Empty:
+                    if self.state != "running":
+                        return
+                    continue
+                if item is _END:
+                    return
+                yield item
+        finally:
+            self._streams.pop(rid, None)
+
     def _fail_pending(self, why: str) -> None:
+        for items in list(self._streams.values()):
+            items.put(_END)
         for rid in list(self._pending):
             pending = self._pending.pop(rid, None)
             if pending is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ class ShardedAgent:
         self._engine_own: dict[str, dict[str, Any]] = {}
         self._engine_shards: dict[str, dict[int, dict[str, Any]]] = {}
         self.engines = EngineManager(
-            cfg, self._own_engine_state, lambda _m, _b: None, __version__, serve=False
+            cfg, self._own_engine_state, lambda _m, _b: None, __version__, frames_for=self._tap, serve=False
         )
         self.hosts = [self._host(k) for k in range(self.plan.count)]
         self._threads: list[threading.Thread] = []
@@ -311,6 +312,18 @@ class ShardedAgent:
         }
         body = payload("engine", model=model, **{**own, "shards": shards})
         self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
+
+    def _tap(self, model: str) -> _RemoteTap | None:
+        """Frames for a build of `model` (gate, INT8): from the running shard with most of its cameras."""
+        counts: dict[int, int] = {}
+        for cam, k in self.plan.cameras.items():
+            if self.cfg.cameras[cam].model == model and self.hosts[k].state == "running":
+                counts[k] = counts.get(k, 0) + 1
+        if not counts:
+            return None
+        k = max(counts, key=lambda i: (counts[i], -i))
+        total = sum(1 for c in self.plan.cameras if self.cfg.cameras[c].model == model)
+        return _RemoteTap(self.hosts[k], model, total / counts[k])
 
     # ---- commands -------------------------------------------------------------------------------------
     def _publish_answer(self, answer: Answer) -> None:
@@ -561,3 +574,17 @@ class ShardedAgent:
             self.mqtt.close()
         self._signals.restore()
         log.info("edge-agent stopped in %.2f s (%d shards)", time.monotonic() - t0, len(self.hosts))
+
+
+class _RemoteTap:
+    """FrameTap's frames() over a shard's pipe (agent.lifecycle.manager asks the supervisor's tap)."""
+
+    def __init__(self, host: ShardHost, model: str, slower: float) -> None:
+        self._host, self._model = host, model
+        self._slower = max(1.0, slower)  # the manager's timeout counts every camera; the shard has fewer
+
+    def frames(
+        self, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
+    ) -> Iterator[tuple[np.ndarray, str]]:
+        arg = (self._model, total, interval_s, timeout_s * self._slower)
+        yield from self._host.stream("tap", arg, stop)
