@@ -92,8 +92,8 @@ def _logging(index: int, level: str) -> None:
 
 
 def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> None:
-    """The process entry (multiprocessing spawn): start the Agent on this shard's cameras, serve the
-    supervisor's requests until told to stop, then stop it."""
+    """The shard process (main() below): start the Agent on this shard's cameras, serve the supervisor's
+    requests until told to stop, then stop it."""
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(key, None)  # READY/WATCHDOG come from the supervisor only
     stop = threading.Event()
@@ -187,3 +187,20 @@ def _tap(
         link.send("answer", rid, False, str(exc))
         return
     link.send("answer", rid, True, n)
+
+
+def main() -> None:
+    """`python -m agent.shards.child FD` (agent.shards.host): FD is this shard's end of the socket pair; the
+    first message on it is ("shard", index, config part, log level)."""
+    conn = Connection(int(sys.argv[1]))
+    try:
+        kind, index, cfg, level = conn.recv()
+    except (EOFError, OSError, ValueError):
+        sys.exit(2)  # the supervisor went before handing anything over
+    if kind != "shard":
+        sys.exit(2)
+    shard_main(index, cfg, conn, level)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,25 +10,27 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import queue
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config import AgentConfig, RestartConfig
-from agent.shards.child import shard_main
 
 log = logging.getLogger(__name__)
 
 _END = object()  # the end of a stream request
 STABLE_S = 60.0  # a shard that ran this long starts the backoff afresh when it dies
-_ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around a spawn (the child copies the environment)
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # where `agent` imports from, for the child
 
 
 class ShardEvents(Protocol):
@@ -43,6 +45,14 @@ class _Pending:
     done: threading.Event
     ok: bool = False
     body: Any = None
+
+
+def _reaped(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def exit_reason(code: int | None) -> str:
@@ -66,7 +76,6 @@ class ShardHost:
         level: str,
         events: ShardEvents,
         restart: RestartConfig,
-        spawn: Callable[..., Any] | None = None,
     ) -> None:
         self.index = index
         self.gpu = gpu
@@ -74,7 +83,6 @@ class ShardHost:
         self._level = level
         self._events = events
         self._restart = restart
-        self._ctx = mp.get_context("spawn")  # never fork: the supervisor holds threads (MQTT, builds)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: Connection | None = None
@@ -96,32 +104,33 @@ class ShardHost:
         self._thread = threading.Thread(target=self._life, name=f"shard-{self.index}", daemon=True)
         self._thread.start()
 
-    def _spawn(self) -> tuple[Any, Connection]:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=shard_main,
-            args=(self.index, self.part, child, self._level),
-            name=f"edge-agent-shard{self.index}",
-        )
-        # pipeline.gpus counts as nvidia-smi and NVML do (PCI bus order), not CUDA's fastest-first order.
-        pinned = (
-            {"CUDA_VISIBLE_DEVICES": str(self.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-            if self.gpu is not None
-            else {}
-        )
-        with _ENV_LOCK:
-            old = {k: os.environ.get(k) for k in pinned}
-            os.environ.update(pinned)
-            try:
-                proc.start()
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        child.close()  # ours closed: recv() ends (EOFError) when the child's end goes with its process
-        return proc, parent
+    def _spawn(self) -> tuple[subprocess.Popen[bytes], Connection]:
+        """`python -m agent.shards.child FD` over one end of a socket pair (not multiprocessing's spawn: that
+        re-imports the parent's __main__, and a launcher script without a __main__ guard then runs a whole
+        second agent in every shard). The first message hands over the shard's index, config and level."""
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            env.pop(key, None)  # READY/WATCHDOG come from the supervisor only
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+        if self.gpu is not None:
+            # pipeline.gpus counts as nvidia-smi and NVML do (PCI bus order), not CUDA's fastest-first order.
+            env.update(CUDA_VISIBLE_DEVICES=str(self.gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agent.shards.child", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # ours alone: recv() ends (EOFError) when the child's end goes with its process
+        conn = Connection(ours.detach())
+        conn.send(("shard", self.index, self.part, self._level))
+        return proc, conn
 
     def _life(self) -> None:
         delay = self._restart.min_s
@@ -130,16 +139,15 @@ class ShardHost:
             try:
                 self._proc, self._conn = self._spawn()
             except Exception as exc:  # e.g. out of processes: counts as a failed start
-                log.error("shard %d: cannot start a process: %s", self.index, exc)
-                self.last_exit = f"cannot start: {exc}"
+                log.error("shard %d: cannot start a process: %s", self.index, exc or repr(exc))
+                self.last_exit = f"cannot start: {exc or repr(exc)}"
             else:
                 self.pid = self._proc.pid
                 self._read(self._conn)
-                self._proc.join(5.0)
-                if self._proc.is_alive():  # its pipe closed but it lingers: make sure it is gone
+                if not _reaped(self._proc, 5.0):  # its pipe closed but it lingers: make sure it is gone
                     self._proc.kill()
-                    self._proc.join(5.0)
-                self.last_exit = exit_reason(self._proc.exitcode)
+                    _reaped(self._proc, 5.0)
+                self.last_exit = exit_reason(self._proc.returncode)
                 self._conn.close()
             self._fail_pending("shard stopped")
             if self._stopping.is_set():
@@ -270,5 +278,5 @@ class ShardHost:
     def kill(self) -> None:
         """SIGKILL the process (tests, a hung shard); the life thread restarts it."""
         proc = self._proc
-        if proc is not None and proc.is_alive():
+        if proc is not None and proc.poll() is None:
             proc.kill()
