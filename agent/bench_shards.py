@@ -179,6 +179,8 @@ def merge(runs: list[dict[str, Any]], run_spec: RunSpec, parent_cpu_s: float, gp
                 "cpu_ms_per_frame": r["cpu_ms_per_frame"],
                 "engine_busy": r.get("engine_busy"),
                 "decode": r.get("decode"),
+                "cpu_ms_per_frame_by_thread": r.get("cpu_ms_per_frame_by_thread"),
+                "offered_fps": r.get("offered_fps"),
             }
             for k, r in enumerate(runs)
         ],
