@@ -5,8 +5,10 @@ the field), `request_id` echoed when it was valid. What cannot be read at all (n
 large, nested too deep, NaN/Infinity, an action name that is no name) is answered with `request_id: null`
 while answers stay under a rate limit; beyond it, it is dropped and counted. Nothing from a payload is
 ever logged (a 1 MB field must not fill the disk): rejections are logged as counts, at most once per
-interval. Retained commands are ignored and cleared (they would run again at every connect). An empty
-payload is the broker's way of deleting a retained message and is ignored.
+interval. Retained commands are ignored and cleared (they would run again at every connect), those that
+arrive live too: agent.mqtt subscribes to commands with retain-as-published (MQTT 5) so their flag stays
+visible; with MQTT 3.1.1 only those sent at subscribe carry it. An empty payload is the broker's way of
+deleting a retained message and is ignored.
 """
 
 from __future__ import annotations

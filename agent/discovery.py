@@ -4,7 +4,8 @@ Pure functions, no MQTT client: the daemon publishes ``discovery_messages()`` re
 at start and after every reload, and clears with an empty retained payload ``removed_topics()`` after
 a reload and ``stale_topics()`` (what the broker still holds under ``node_filter()``) at start.
 Nothing new goes on the wire for the data itself: every entity reads a topic the agent publishes
-anyway (camera state, detections) through a ``value_template``, so HA sees exactly what Node-RED sees.
+anyway (camera state, detections through a ``value_template``; snapshots as they are), so HA sees exactly
+what Node-RED sees.
 
 Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
 
@@ -16,8 +17,13 @@ Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
   has stage latencies over all cameras, so the detections are the only per-camera source; they arrive
   once per frame, so this entity is disabled by default (enable it in HA if the recorder load is fine);
 - ``sensor`` <label> count: detections with that label in the latest frame, for the camera's
-  ``classes`` or, without them, ``homeassistant.count_labels``.
-  Latency and label counts read the detections: a camera with ``publish.detections: off`` has neither.
+  ``classes`` or, without them, ``homeassistant.count_labels``;
+- ``binary_sensor`` <label> detected (device class occupancy): ON while the latest detections include
+  the label, for the same labels as the counts.
+  Latency, label counts and "detected" read the detections: a camera with ``publish.detections: off``
+  has none of them;
+- ``image`` snapshot: the camera's snapshot topic (annotated JPEGs, on request or on detection), as HA's
+  MQTT image platform takes them (``image_topic``, ``content_type`` image/jpeg);
 - per zone (agent.events): ``binary_sensor`` occupancy (device class occupancy) and a ``sensor`` count
   per label (the zone's ``labels``, else the camera's ``classes``, else ``count_labels``), from the
   zone's retained state; per line: ``sensor`` in and out (crossings, total_increasing) from the line's
@@ -99,6 +105,15 @@ def line_template(direction: str) -> str:
     )
 
 
+def detected_template(label: str) -> str:
+    """ON while one detections payload has a detection with ``label``, else OFF ('' for a foreign payload)."""
+    literal = json.dumps(label, ensure_ascii=False)  # a safe Jinja string literal (see count_template)
+    return (
+        f"{{{{ ('ON' if value_json.detections | selectattr('label', 'equalto', {literal}) | list | length > 0"
+        " else 'OFF') if value_json is defined and value_json.detections is defined else '' }}"
+    )
+
+
 def count_template(label: str) -> str:
     """Number of detections with ``label`` in one detections payload."""
     # A JSON string is a valid Jinja string literal: Jinja unescapes \\, \" and \uXXXX the same way, so a
@@ -114,7 +129,8 @@ def count_template(label: str) -> str:
 class _Entity:
     component: str
     camera: str
-    kind: str  # streaming | fps | latency | count | zone_occupancy | zone_count | line_in | line_out
+    # streaming | fps | snapshot | latency | count | detected | zone_occupancy | zone_count | line_in/_out
+    kind: str
     label: str | None
     object_id: str
     region: str | None = None  # zone or line name
@@ -154,12 +170,16 @@ def _plan(cfg: AgentConfig) -> list[_Entity]:
         wanted += [
             ("binary_sensor", camera, "streaming", None, f"{cam_part}_streaming", None),
             ("sensor", camera, "fps", None, f"{cam_part}_fps", None),
+            ("image", camera, "snapshot", None, f"{cam_part}_snapshot", None),
         ]
         if cam.publish.detections != "off":
             wanted.append(("sensor", camera, "latency", None, f"{cam_part}_latency", None))
             for label in _labels(cfg, cam.classes):
                 label_part = _TOPIC_UNSAFE.sub("_", label)
                 wanted.append(("sensor", camera, "count", label, f"{cam_part}_{label_part}_count", None))
+                wanted.append(
+                    ("binary_sensor", camera, "detected", label, f"{cam_part}_{label_part}_detected", None)
+                )
         if not cam.tracking.enabled:
             continue
         for zone, zc in cam.zones.items():
@@ -208,8 +228,8 @@ def _expire_after(cfg: AgentConfig, entity: _Entity) -> int | None:
     """
     if entity.kind in ("streaming", "fps"):
         return max(30, math.ceil(3 * cfg.telemetry.interval_s))
-    if entity.region is not None:
-        return None  # retained, published on change: quiet for hours is normal
+    if entity.region is not None or entity.kind == "snapshot":
+        return None  # retained, published on change: quiet for hours is normal; an image has no expiry
     fps = cfg.cameras[entity.camera].fps
     return max(30, math.ceil(10 / fps)) if fps else 30
 
@@ -287,6 +307,23 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "value_template": count_template(label),
             "unit_of_measurement": "objects",
             "state_class": "measurement",
+        }
+    elif entity.kind == "detected":
+        label = entity.label or ""  # always set for "detected"
+        body |= {
+            "name": f"{cam} {label} detected",
+            "state_topic": topics.detections(cam),
+            "value_template": detected_template(label),
+            "payload_on": "ON",
+            "payload_off": "OFF",
+            "device_class": "occupancy",
+        }
+    elif entity.kind == "snapshot":
+        # HA's MQTT image platform: the payload is the JPEG itself (no state_topic, no template).
+        body |= {
+            "name": f"{cam} snapshot",
+            "image_topic": topics.snapshot(cam),
+            "content_type": "image/jpeg",
         }
     elif entity.kind == "zone_occupancy":
         zone = entity.region or ""

@@ -600,11 +600,18 @@ class MqttClient:
             if not filters:
                 return
         if self.protocol == "5":
-            # noLocal: our own status publishes do not come back to us.
+            # noLocal: our own status publishes do not come back to us. retainAsPublished on the command
+            # filters: a broker clears the retain flag of what it forwards to a live subscription unless asked
+            # to keep it, so a command published retained while we are connected would run like any other
+            # (and stay retained). With the flag kept it is seen, ignored and deleted (_on_message).
+            commands = {self.topics.cmd_filter, *self._fleet_filters}
             subs: list[tuple[str, Any]] = [
-                (f, SubscribeOptions(qos=1, noLocal=f == self.topics.status)) for f in filters
+                (f, SubscribeOptions(qos=1, noLocal=f == self.topics.status, retainAsPublished=f in commands))
+                for f in filters
             ]
         else:
+            # MQTT 3.1.1 has no such option: the flag is seen only on the retained messages sent at subscribe
+            # (each connect), which are deleted; one published retained while we are connected runs once.
             subs = [(f, 1) for f in filters]
         result, mid = client.subscribe(subs)
         if result != MQTTErrorCode.MQTT_ERR_SUCCESS:

@@ -10,12 +10,23 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from engines.gpu_probe import NVML, Nvml
 
@@ -23,11 +34,53 @@ QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 _PROM_QUANTILE = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
 
 
+# Latency histogram buckets (Prometheus `le`, upper bounds in ms here, seconds on /metrics): a 1-2-5 series
+# from 0.5 ms to 5 s, which spans a preprocess (~1 ms) to a total under load (max_age_ms defaults to 500).
+# Fixed: every agent of a fleet has the same buckets, so histograms can be summed across devices.
+LATENCY_BUCKETS_MS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+LATENCY_BUCKETS_S = tuple(b / 1000.0 for b in LATENCY_BUCKETS_MS)
+_BOUNDS = list(LATENCY_BUCKETS_MS)
+
+Histograms = dict[str, tuple[tuple[int, ...], float]]  # stage -> (count per bucket and +Inf, sum in ms)
+
+
+class StageRows(dict[str, Any]):
+    """A ``{stage: ...}`` dict that also carries ``histograms`` (``Histograms``) beside its items.
+
+    Only the items are the MQTT payload (JSON and ``payload()`` see a dict); the histograms travel with them
+    to ``Metrics.update`` (summary -> build_telemetry -> fields) and over a shard's pipe (drain -> absorb;
+    pickle keeps the attribute).
+    """
+
+    def __init__(self, rows: Any = (), histograms: Histograms | None = None) -> None:
+        super().__init__(rows)
+        self.histograms: Histograms = dict(histograms or {})
+
+
+class _Stage:
+    """One stage's ring of samples, window positions and histogram (StageWindow's lock guards it)."""
+
+    __slots__ = ("buf", "drained", "hist", "hsum", "w", "w0", "wd", "xn", "xnd")
+
+    def __init__(self, capacity: int) -> None:
+        self.buf = np.empty(capacity, dtype=np.float64)  # one allocation per stage for the process's life
+        self.w = 0  # samples ever written to the ring (the next slot is w % capacity)
+        self.w0 = self.wd = 0  # w at the last summary(reset) or drain / at the last drain
+        self.xn = self.xnd = 0  # arrivals absorbed without their sample (counted in n, not in the ring)
+        self.hist = [0] * (len(_BOUNDS) + 1)  # per bucket, the last one +Inf; cumulative
+        self.hsum = 0.0  # ms, cumulative
+        self.drained: tuple[list[int], float] = ([0] * len(self.hist), 0.0)  # hist, hsum at the last drain
+
+
 class StageWindow:
     """Latency samples (ms) per stage in fixed-size ring buffers; ``summary()`` closes the window.
 
     When more than ``capacity`` samples arrive in one window the oldest are overwritten, so the
     percentiles describe the newest ``capacity`` samples while ``n`` still counts all of them.
+
+    Every sample is also counted in a latency histogram per stage (``LATENCY_BUCKETS_MS``; cumulative for
+    the life of the window, never reset): one bisect over 13 bounds per sample, so the histogram is exact
+    however many samples a window overwrote. ``summary()`` and ``drain()`` hand it on as ``histograms``.
     """
 
     def __init__(self, capacity: int = 2048) -> None:
@@ -35,18 +88,18 @@ class StageWindow:
             raise ValueError(f"capacity: must be >= 1, got {capacity}")
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._buf: dict[str, np.ndarray] = {}
-        self._n: dict[str, int] = {}
+        self._stages: dict[str, _Stage] = {}
 
     def add(self, stage: str, ms: float) -> None:
         with self._lock:
-            buf = self._buf.get(stage)
-            if buf is None:  # one allocation per stage for the life of the process
-                buf = self._buf[stage] = np.empty(self.capacity, dtype=np.float64)
-                self._n[stage] = 0
-            n = self._n[stage]
-            buf[n % self.capacity] = ms
-            self._n[stage] = n + 1
+            st = self._stages.get(stage)
+            if st is None:
+                st = self._stages[stage] = _Stage(self.capacity)
+            st.buf[st.w % self.capacity] = ms
+            st.w += 1
+            if ms == ms:  # NaN would make the sum NaN for good
+                st.hist[bisect_left(_BOUNDS, ms)] += 1
+                st.hsum += ms
 
     def add_many(self, latencies: Mapping[str, float | None]) -> None:
         """Add one frame's latencies; None (a stage the frame did not pass) is skipped."""
@@ -54,33 +107,76 @@ class StageWindow:
             if ms is not None:
                 self.add(stage, ms)
 
-    def drain(self) -> dict[str, tuple[np.ndarray, int]]:
-        """The window's samples per stage and how many arrived, and a new window (a shard hands these to
-        the supervisor, which absorbs every shard's into its own window)."""
+    def _stage(self, stage: str) -> _Stage:
+        st = self._stages.get(stage)
+        if st is None:
+            st = self._stages[stage] = _Stage(self.capacity)
+        return st
+
+    def _since(self, st: _Stage, w0: int) -> np.ndarray:
+        """A copy of the samples written since ring position ``w0`` (the newest capacity), oldest first."""
+        k = min(st.w - w0, self.capacity)
+        return st.buf[np.arange(st.w - k, st.w) % self.capacity]
+
+    def histograms(self) -> Histograms:
+        """{stage: (count per bucket of LATENCY_BUCKETS_MS and +Inf, sum in ms)} since the window was made."""
         with self._lock:
-            snap = {s: (self._buf[s][: min(n, self.capacity)].copy(), n) for s, n in self._n.items() if n}
-            for s in self._n:
-                self._n[s] = 0
-        return snap
+            return {s: (tuple(st.hist), st.hsum) for s, st in self._stages.items()}
+
+    def drain(self) -> StageRows:
+        """The samples per stage since the last drain and how many arrived, and a new window (a shard hands
+        these to the supervisor, which absorbs every shard's into its own window); a summary() in between
+        does not take them away. ``histograms``: what each stage's histogram counted since the last drain."""
+        out = StageRows()
+        with self._lock:
+            for s, st in self._stages.items():
+                n = st.w - st.wd + st.xnd
+                if n:
+                    out[s] = (self._since(st, st.wd), n)
+                last, last_sum = st.drained
+                delta = tuple(a - b for a, b in zip(st.hist, last, strict=True))
+                if any(delta):
+                    out.histograms[s] = (delta, st.hsum - last_sum)
+                st.drained = (list(st.hist), st.hsum)
+                st.w0 = st.wd = st.w
+                st.xn = st.xnd = 0
+        return out
 
     def absorb(self, drained: Mapping[str, tuple[np.ndarray, int]]) -> None:
-        """Another window's samples (drain()) into this one; `n` counts all that arrived there."""
-        for stage, (samples, n) in drained.items():
-            for ms in samples[-self.capacity :]:
-                self.add(stage, float(ms))
-            with self._lock:
-                self._n[stage] += max(0, int(n) - len(samples[-self.capacity :]))
-
-    def summary(self, reset: bool = True) -> dict[str, dict[str, float | int | None]]:
-        """{stage: {p50, p95, p99, n}} in ms over the window; a stage with no samples has None values."""
+        """Another window's samples (drain()) into this one; `n` counts all that arrived there. Its
+        ``histograms`` are added to this one's; without them (a plain mapping) its samples are counted."""
+        hists: Histograms | None = getattr(drained, "histograms", None)
         with self._lock:
-            snap = {s: (self._buf[s][: min(n, self.capacity)].copy(), n) for s, n in self._n.items()}
+            for stage, (samples, n) in drained.items():
+                st = self._stage(stage)
+                kept = samples[-self.capacity :]
+                for value in kept:
+                    ms = float(value)
+                    st.buf[st.w % self.capacity] = ms
+                    st.w += 1
+                    if hists is None and ms == ms:
+                        st.hist[bisect_left(_BOUNDS, ms)] += 1
+                        st.hsum += ms
+                extra = max(0, int(n) - len(kept))
+                st.xn += extra
+                st.xnd += extra
+            for stage, (counts, sum_ms) in (hists or {}).items():
+                st = self._stage(stage)
+                for i, c in enumerate(counts[: len(st.hist)]):
+                    st.hist[i] += int(c)
+                st.hsum += float(sum_ms)
+
+    def summary(self, reset: bool = True) -> StageRows:
+        """{stage: {p50, p95, p99, n}} in ms over the window; a stage with no samples has None values.
+        ``histograms``: the cumulative latency histograms (as ``histograms()``), for ``Metrics``."""
+        with self._lock:
+            snap = {s: (self._since(st, st.w0), st.w - st.w0 + st.xn) for s, st in self._stages.items()}
+            out = StageRows(histograms={s: (tuple(st.hist), st.hsum) for s, st in self._stages.items()})
             if reset:
-                for s in self._n:
-                    self._n[s] = 0
-        out: dict[str, dict[str, float | int | None]] = {}
+                for st in self._stages.values():
+                    st.w0, st.xn = st.w, 0
         for stage, (samples, n) in snap.items():
-            if n:
+            if n and len(samples):
                 values = np.percentile(samples, list(QUANTILES.values()))
                 row: dict[str, float | int | None] = {
                     k: round(float(v), 3) for k, v in zip(QUANTILES, values, strict=True)
@@ -186,8 +282,9 @@ def build_telemetry(
 
     cameras: {cam: {fps_in, fps_out, dropped, dropped_stale, frame_age_ms, ...}} (extra keys kept;
     dropped: replaced in the slot before the model took them, dropped_stale: taken too old); stages: from
-    ``StageWindow.summary()``; backend: a name or {model: name}; process/gpu: read now when None;
-    mqtt: ``MqttClient.stats()`` (only dropped_offline and queued are published).
+    ``StageWindow.summary()`` (its latency ``histograms`` ride along on ``fields["stages"]`` for ``Metrics``,
+    outside the payload); backend: a name or {model: name}; process/gpu: read now when None;
+    mqtt: ``MqttClient.stats()`` (the keys below are published).
     """
     cams = {}
     for name, c in cameras.items():
@@ -196,7 +293,10 @@ def build_telemetry(
         cams[name] = row
     fields: dict[str, Any] = {
         "cameras": cams,
-        "stages": {s: {k: v.get(k) for k in (*QUANTILES, "n") if k in v} for s, v in stages.items()},
+        "stages": StageRows(
+            {s: {k: v.get(k) for k in (*QUANTILES, "n") if k in v} for s, v in stages.items()},
+            histograms=getattr(stages, "histograms", None),
+        ),
         "backend": backend,
         "batch_fill": batch_fill,
         "process": dict(process_stats() if process is None else process),
@@ -204,6 +304,7 @@ def build_telemetry(
         "mqtt": {
             "dropped_offline": (mqtt or {}).get("dropped_offline", 0),
             "queued": (mqtt or {}).get("queued", 0),
+            "reconnects": (mqtt or {}).get("reconnects", 0),  # connections to the broker after the first
             # publishes/subscriptions the broker refused (MQTT 5 reason codes, e.g. its ACL) and the latest
             "refused": (mqtt or {}).get("refused", 0),
             "last_refused": (mqtt or {}).get("last_refused"),
@@ -218,17 +319,78 @@ def build_telemetry(
     return fields
 
 
-class Metrics:
-    """Prometheus view of the telemetry payload, in a registry of its own (several may coexist).
+class _LatencyHistogram:
+    """Collector of ``{ns}_stage_latency_seconds{stage}`` (a histogram, LATENCY_BUCKETS_S) from the cumulative
+    counts a StageWindow keeps (``StageRows.histograms``): each update adds what was counted since the last
+    one, and a total that went down (a new window) is counted again from zero, as a counter would be."""
 
-    Units follow Prometheus conventions (seconds, bytes); values are the same data as the payload.
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name, self.documentation = name, documentation
+        self._lock = threading.Lock()
+        self._counts: dict[str, list[int]] = {}  # per bucket (not cumulative), the last one +Inf
+        self._sums: dict[str, float] = {}  # seconds
+        self._last: dict[str, tuple[tuple[int, ...], float]] = {}  # the totals last seen, ms
+
+    def advance(self, histograms: Histograms) -> None:
+        with self._lock:
+            for stage, (counts, sum_ms) in histograms.items():
+                counts = tuple(int(c) for c in counts[: len(_BOUNDS) + 1])
+                last = self._last.get(stage)
+                if last is None or sum(counts) < sum(last[0]):  # first seen, or a new window: all of it
+                    step, step_ms = counts, sum_ms
+                else:
+                    step = tuple(max(0, c - p) for c, p in zip(counts, last[0], strict=False))
+                    step_ms = sum_ms - last[1]
+                self._last[stage] = (counts, sum_ms)
+                own = self._counts.setdefault(stage, [0] * (len(_BOUNDS) + 1))
+                for i, c in enumerate(step):
+                    own[i] += c
+                self._sums[stage] = self._sums.get(stage, 0.0) + max(0.0, step_ms) / 1000.0
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=["stage"])
+
+    def describe(self) -> Iterable[HistogramMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        family = self._family()
+        with self._lock:
+            rows = [(s, list(c), self._sums[s]) for s, c in self._counts.items()]
+        for stage, counts, total_s in rows:
+            cumulative, buckets = 0, []
+            for le, c in zip([*map(floatToGoString, LATENCY_BUCKETS_S), "+Inf"], counts, strict=True):
+                cumulative += c
+                buckets.append((le, cumulative))
+            family.add_metric([stage], buckets, total_s)
+        yield family
+
+
+class Metrics:
+    """Prometheus view of the telemetry payload, in a registry of its own (several may coexist), with the
+    standard process_*, python_gc_* and python_info collectors of the process serving it.
+
+    Units follow Prometheus conventions (seconds, bytes); values are the same data as the payload. What
+    only grows (dropped frames, reconnects, refusals, ...) is a Counter (``_total``): each update adds the
+    increase of the reported total since the previous update; a total that went down (a camera, a shard
+    or the MQTT client started over) restarted from 0, so its new value is the increase. Latencies are
+    histograms per stage (fixed buckets LATENCY_BUCKETS_S: sum them across a fleet and take quantiles
+    with histogram_quantile); the window's exact quantiles stay as gauges. README "Prometheus" lists all.
     """
 
     def __init__(self, namespace: str = "edge_agent") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r, ns = self.registry, namespace
-        self.stage_latency = Gauge(
-            "stage_latency_seconds",
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.stage_latency = _LatencyHistogram(
+            f"{ns}_stage_latency_seconds",
+            "Per-stage latency of each frame (every sample, since start)",
+        )
+        r.register(self.stage_latency)
+        self.stage_latency_window = Gauge(
+            "stage_latency_window_seconds",
             "Per-stage latency quantile over the last telemetry window",
             ["stage", "quantile"],
             namespace=ns,
@@ -240,16 +402,29 @@ class Metrics:
         self.camera_fps = Gauge(
             "camera_fps", "Frames per second", ["camera", "direction"], namespace=ns, registry=r
         )
-        self.camera_dropped = Gauge(
+        self.camera_dropped = Counter(
             "camera_dropped_frames",
-            "Frames dropped (latest frame wins), as reported",
+            "Frames dropped (replaced in the slot before the model took them; latest frame wins)",
             ["camera"],
             namespace=ns,
             registry=r,
         )
-        self.camera_stale = Gauge(
+        self.camera_stale = Counter(
             "camera_stale_frames",
-            "Frames dropped unprocessed for being older than the model's max age, as reported",
+            "Frames dropped unprocessed for being older than the model's max age",
+            ["camera"],
+            namespace=ns,
+            registry=r,
+        )
+        self.camera_reconnects = Counter(
+            "camera_reconnects", "Reconnections of the camera's source", ["camera"], namespace=ns, registry=r
+        )
+        self.camera_loops = Counter(
+            "camera_loops", "Passes of a looping file source", ["camera"], namespace=ns, registry=r
+        )
+        self.camera_decode_errors = Counter(
+            "camera_decode_errors",
+            "Packets the hardware decoder rejected (decoding resumed at the next key frame)",
             ["camera"],
             namespace=ns,
             registry=r,
@@ -261,8 +436,18 @@ class Metrics:
         self.backend = Gauge(
             "backend_info", "Inference backend in use", ["model", "backend"], namespace=ns, registry=r
         )
-        self.cpu = Gauge("process_cpu_percent", "Process CPU percent (all cores)", namespace=ns, registry=r)
-        self.rss = Gauge("process_resident_memory_bytes", "Process RSS", namespace=ns, registry=r)
+        self.cpu = Gauge(
+            "process_cpu_percent",
+            "CPU percent of the agent (all cores; with shards, every process)",
+            namespace=ns,
+            registry=r,
+        )
+        self.rss = Gauge(
+            "process_resident_memory_bytes",
+            "RSS of the agent (with shards, every process)",
+            namespace=ns,
+            registry=r,
+        )
         self.gpu_util = Gauge("gpu_utilization_percent", "GPU utilisation", ["gpu"], namespace=ns, registry=r)
         self.gpu_mem = Gauge("gpu_memory_used_bytes", "GPU memory used", ["gpu"], namespace=ns, registry=r)
         self.gpu_temp = Gauge("gpu_temperature_celsius", "GPU temperature", ["gpu"], namespace=ns, registry=r)
@@ -286,17 +471,26 @@ class Metrics:
             namespace=ns,
             registry=r,
         )
-        self._shard_restarts_seen: dict[str, int] = {}
-        self.mqtt_dropped = Gauge(
+        self.mqtt_dropped = Counter(
             "mqtt_dropped_offline",
-            "Events dropped while the broker was unreachable (since start)",
+            "Events dropped while the broker was unreachable",
             namespace=ns,
             registry=r,
         )
         self.mqtt_queued = Gauge("mqtt_queued", "Events queued for the broker", namespace=ns, registry=r)
-        self.mqtt_refused = Gauge(
+        self.mqtt_refused = Counter(
             "mqtt_refused",
-            "Publishes and subscriptions the broker refused (since start)",
+            "Publishes and subscriptions the broker refused (MQTT 5 reason codes)",
+            namespace=ns,
+            registry=r,
+        )
+        self.mqtt_reconnects = Counter(
+            "mqtt_reconnects", "Connections to the broker after the first", namespace=ns, registry=r
+        )
+        self.mqtt_commands = Counter(
+            "mqtt_commands",
+            "MQTT commands by outcome (accepted, rejected, dropped, retained_ignored, failed)",
+            ["result"],
             namespace=ns,
             registry=r,
         )
@@ -342,13 +536,17 @@ class Metrics:
         self._zone_labels: set[tuple[str, str, str]] = set()
         self._server: Any = None
 
-    def _advance(self, counter: Counter, labels: tuple[str, ...], total: float) -> None:
-        """Bring a Counter to a total reported by the agent (a total that went down restarted from 0)."""
+    def _advance(self, counter: Counter, labels: tuple[str, ...], total: Any) -> None:
+        """Bring a Counter to a total reported by the agent: the increase since the last update; a total that
+        went down restarted from 0 (a camera, shard or client started over), so all of it is the increase.
+        A missing or non-numeric total is skipped."""
+        if isinstance(total, bool) or not isinstance(total, (int, float)) or total != total:
+            return
         key = (str(id(counter)), *labels)
         last = self._totals.get(key, 0.0)
         step = total - last if total >= last else total
         if step > 0:
-            counter.labels(*labels).inc(step)
+            (counter.labels(*labels) if labels else counter).inc(step)
         self._totals[key] = total
 
     def _update_tracking(self, cameras: Mapping[str, Any]) -> None:
@@ -374,22 +572,27 @@ class Metrics:
 
     def update(self, fields: Mapping[str, Any]) -> None:
         """Update every metric from a ``build_telemetry`` dict."""
-        for stage, row in fields.get("stages", {}).items():
+        stages = fields.get("stages", {})
+        for stage, row in stages.items():
             for q in QUANTILES:
                 v = row.get(q)
                 if v is not None:
-                    self.stage_latency.labels(stage, _PROM_QUANTILE[q]).set(v / 1000.0)
+                    self.stage_latency_window.labels(stage, _PROM_QUANTILE[q]).set(v / 1000.0)
             if row.get("n"):
                 self.stage_samples.labels(stage).inc(row["n"])
+        hists = getattr(stages, "histograms", None)
+        if hists:
+            self.stage_latency.advance(hists)
         for cam, c in fields.get("cameras", {}).items():
             for direction in ("in", "out"):
                 v = c.get(f"fps_{direction}")
                 if v is not None:
                     self.camera_fps.labels(cam, direction).set(v)
-            if c.get("dropped") is not None:
-                self.camera_dropped.labels(cam).set(c["dropped"])
-            if c.get("dropped_stale") is not None:
-                self.camera_stale.labels(cam).set(c["dropped_stale"])
+            self._advance(self.camera_dropped, (cam,), c.get("dropped"))
+            self._advance(self.camera_stale, (cam,), c.get("dropped_stale"))
+            self._advance(self.camera_reconnects, (cam,), c.get("reconnects"))
+            self._advance(self.camera_loops, (cam,), c.get("loops"))
+            self._advance(self.camera_decode_errors, (cam,), c.get("decode_errors"))
             if c.get("frame_age_ms") is not None:
                 self.camera_frame_age.labels(cam).set(c["frame_age_ms"] / 1000.0)
         self._update_tracking(fields.get("cameras", {}))
@@ -413,27 +616,25 @@ class Metrics:
                 self.gpu_mem.labels(idx).set(g["mem_used_mb"] * 2**20)
             if g.get("temp_c") is not None:
                 self.gpu_temp.labels(idx).set(g["temp_c"])
-        for idx, g in (fields.get("gpu") or {}).items():
             if g.get("decoder_util_percent") is not None:
                 self.gpu_decoder.labels(idx).set(g["decoder_util_percent"])
             if g.get("nvdec_sessions") is not None:
                 self.gpu_nvdec.labels(idx).set(g["nvdec_sessions"])
         self._update_shards(fields.get("shards") or [])
         mq = fields.get("mqtt") or {}
-        self.mqtt_dropped.set(mq.get("dropped_offline", 0))
+        self._advance(self.mqtt_dropped, (), mq.get("dropped_offline", 0))
         self.mqtt_queued.set(mq.get("queued", 0))
-        self.mqtt_refused.set(mq.get("refused", 0))
+        self._advance(self.mqtt_refused, (), mq.get("refused", 0))
+        self._advance(self.mqtt_reconnects, (), mq.get("reconnects", 0))
+        for result, n in (mq.get("commands") or {}).items():
+            self._advance(self.mqtt_commands, (str(result),), n)
         self.mqtt_duplicates.set(len(mq.get("duplicates") or ()))
 
     def _update_shards(self, shards: list[Mapping[str, Any]]) -> None:
         for row in shards:
             k = str(row.get("shard"))
             self.shard_up.labels(k).set(1 if row.get("state") == "running" else 0)
-            restarts = int(row.get("restarts") or 0)
-            seen = self._shard_restarts_seen.get(k, 0)
-            if restarts > seen:  # a counter: only what was added since the last update
-                self.shard_restarts.labels(k).inc(restarts - seen)
-            self._shard_restarts_seen[k] = restarts
+            self._advance(self.shard_restarts, (k,), int(row.get("restarts") or 0))
             if row.get("device_memory_mb") is not None:
                 self.shard_device_memory.labels(k).set(row["device_memory_mb"] * 2**20)
 

@@ -102,9 +102,7 @@ def agent_config(tmp_path: Path, port: int, **mqtt: object) -> Path:
     cfg = {
         "device_id": "cmd-test",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": bundled_model()
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {
             "street": {
                 "url": str(ASSETS / "bikes.mp4"),

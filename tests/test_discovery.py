@@ -21,6 +21,10 @@ Home Assistant is not installed here; what it requires is encoded below, from it
   >= 0, options only for enum; payload_on/payload_off default ON/OFF, off_delay). These schemas are built
   with ``extra=vol.REMOVE_EXTRA``: HA silently drops unknown keys, so a misspelt key would never fail in
   HA. The tests therefore allow only known full key names (abbreviations fail too).
+- mqtt/image.py (HA >= 2023.7): ``MQTT_BASE_SCHEMA`` (qos, encoding, group) plus content_type, name,
+  exactly one of ``image_topic`` / ``url_topic`` (valid subscribe topics, ``validate_topic_required``),
+  image_encoding (only b64), url_template; content_type not with url_topic; no state_topic, no
+  value_template (the payload is the image itself), no expire_after.
 - sensor/const.py ``DEVICE_CLASS_UNITS`` / ``DEVICE_CLASS_STATE_CLASSES``, binary_sensor/__init__.py
   ``BinarySensorDeviceClass``: the device classes, units and state classes used here.
 - Value templates (helpers/template.py ``async_render_with_possible_json_value``, mqtt/models.py
@@ -65,6 +69,7 @@ from agent.discovery import (
     AVAILABILITY_TEMPLATE,
     config_topics,
     count_template,
+    detected_template,
     discovery_messages,
     node_filter,
     node_id,
@@ -82,7 +87,7 @@ REPO = Path(__file__).resolve().parents[1]
 TOPIC_MATCHER = re.compile(
     r"(?P<component>\w+)/(?:(?P<node_id>[a-zA-Z0-9_-]+)/)?(?P<object_id>[a-zA-Z0-9_-]+)/config"
 )
-SUPPORTED = {"binary_sensor", "sensor"}  # the two of SUPPORTED_COMPONENTS used here
+SUPPORTED = {"binary_sensor", "sensor", "image"}  # the three of SUPPORTED_COMPONENTS used here
 VALID_ENTITY_ID = re.compile(r"^(?!.+__)(?!_)[\da-z_]+(?<!_)\.(?!_)[\da-z_]+(?<!_)$")
 COMMON_KEYS = {
     "availability", "availability_mode", "availability_template", "availability_topic",
@@ -99,6 +104,8 @@ KEYS = {
     },
     "binary_sensor": COMMON_KEYS
     | {"device_class", "expire_after", "force_update", "off_delay", "payload_off", "payload_on"},
+    "image": COMMON_KEYS - {"state_topic", "value_template"}
+    | {"content_type", "group", "image_encoding", "image_topic", "url_template", "url_topic"},
 }  # fmt: skip
 DEVICE_KEYS = {
     "identifiers", "connections", "manufacturer", "model", "model_id", "name", "hw_version",
@@ -133,7 +140,15 @@ def check_home_assistant_config(component: str, body: Any) -> list[str]:
     if not isinstance(body, dict):
         return ["payload is not a JSON object"]
     errors = [f"unknown key {k!r}" for k in sorted(set(body) - KEYS[component])]
-    if not valid_subscribe_topic(body.get("state_topic")):
+    if component == "image":
+        sources = [k for k in ("image_topic", "url_topic") if k in body]
+        if len(sources) != 1 or not valid_subscribe_topic(body[sources[0]]):
+            errors.append("image: exactly one of image_topic / url_topic, a valid subscribe topic")
+        if "content_type" in body and "url_topic" in body:
+            errors.append("image: content_type can not be used together with url_topic")
+        if body.get("image_encoding", "b64") != "b64":
+            errors.append("image_encoding: only b64")
+    elif not valid_subscribe_topic(body.get("state_topic")):
         errors.append("state_topic: required, a valid subscribe topic")
     for key in ("value_template", "json_attributes_template"):
         if key in body:
@@ -316,12 +331,20 @@ def test_disabled_by_default() -> None:
 def test_entities_per_camera() -> None:
     msgs = messages(make_cfg())
     object_ids = sorted(t.split("/")[-2] for t in msgs)
-    # gate has no classes: the default count labels; street counts its own classes.
-    kinds = ("streaming", "fps", "latency")
+    # gate has no classes: the default count labels; street counts its own classes; each counted label
+    # also has its "detected" binary sensor.
+    kinds = ("streaming", "fps", "snapshot", "latency")
+    labels = {"gate": ["person", "car"], "street": ["person", "bus"]}
     assert object_ids == sorted(
         [f"{cam}_{kind}" for cam in ("gate", "street") for kind in kinds]
-        + ["gate_person_count", "gate_car_count", "street_person_count", "street_bus_count"]
+        + [
+            f"{cam}_{label}_{what}"
+            for cam, ls in labels.items()
+            for label in ls
+            for what in ("count", "detected")
+        ]
     )
+    assert {t.split("/")[1] for t in msgs} == {"sensor", "binary_sensor", "image"}
     cfg = make_cfg(
         {
             "gate": {"url": "rtsp://a", "model": "detector"},
@@ -330,7 +353,10 @@ def test_entities_per_camera() -> None:
         homeassistant={"enabled": True, "count_labels": ["dog", "dog", "cat"]},
     )
     object_ids = sorted(t.split("/")[-2] for t in messages(cfg))
-    assert object_ids == sorted([f"gate_{kind}" for kind in kinds] + ["gate_dog_count", "gate_cat_count"])
+    assert object_ids == sorted(
+        [f"gate_{kind}" for kind in kinds]
+        + ["gate_dog_count", "gate_cat_count", "gate_dog_detected", "gate_cat_detected"]
+    )
 
 
 def test_every_config_is_what_home_assistant_accepts() -> None:
@@ -391,7 +417,7 @@ def test_ids_stay_unique_when_names_collide() -> None:
     }
     cfg = make_cfg(cams)
     msgs = messages(cfg)
-    assert len(msgs) == sum(3 + len(c["classes"]) for c in cams.values())
+    assert len(msgs) == sum(4 + 2 * len(c["classes"]) for c in cams.values())
     for key in ("unique_id", "default_entity_id"):
         values = [b[key] for b in msgs.values()]
         assert len(set(values)) == len(values), key
@@ -509,6 +535,60 @@ def test_count_templates() -> None:
     assert render(entity(msgs, "gate_person_count")["value_template"], empty) == "0"
 
 
+def test_detected_binary_sensors() -> None:
+    msgs = messages(make_cfg())
+    topics = Topics("edge-agent", "yard-01")
+    person = entity(msgs, "gate_person_detected")
+    assert person["name"] == "gate person detected"
+    assert person["default_entity_id"] == "binary_sensor.edge_agent_yard_01_gate_person_detected"
+    assert (person["state_topic"], person["device_class"]) == (topics.detections("gate"), "occupancy")
+    assert (person["payload_on"], person["payload_off"]) == ("ON", "OFF")
+    # The same source and expiry as the label's count sensor: the detections of the latest frame.
+    count = entity(msgs, "gate_person_count")
+    assert person["state_topic"] == count["state_topic"] and person["expire_after"] == count["expire_after"]
+    assert check_home_assistant_config("binary_sensor", person) == []
+
+    def state(object_id: str, body: bytes) -> str:
+        return render(entity(msgs, object_id)["value_template"], body)
+
+    frame = detections([0, 0, 2, 9])  # 2 persons, 1 car, 1 unknown id
+    assert (state("gate_person_detected", frame), state("gate_car_detected", frame)) == ("ON", "ON")
+    assert state("street_bus_detected", detections([3], camera="street")) == "ON"
+    cars = detections([2])  # the person left: OFF with the next frame
+    assert (state("gate_person_detected", cars), state("gate_car_detected", cars)) == ("OFF", "ON")
+    empty = detections([])
+    assert (state("gate_person_detected", empty), state("gate_car_detected", empty)) == ("OFF", "OFF")
+
+
+@pytest.mark.parametrize("label", ["traffic light", 'it\'s "odd" }} {% x %}', "back\\slash", "čaj ☕ 🚗"])
+def test_detected_template_takes_any_label(label: str) -> None:
+    with_it = payload("detections", detections=[{"label": "car"}, {"label": label}])
+    assert render(detected_template(label), with_it) == "ON"
+    assert render(detected_template(label), payload("detections", detections=[{"label": "car"}])) == "OFF"
+
+
+def test_snapshot_image_entity() -> None:
+    msgs = messages(make_cfg())
+    topics = Topics("edge-agent", "yard-01")
+    image = entity(msgs, "gate_snapshot")
+    topic = next(t for t, b in msgs.items() if b is image)
+    assert topic == "homeassistant/image/edge-agent_yard-01/gate_snapshot/config"
+    assert image["image_topic"] == topics.snapshot("gate") == "edge-agent/yard-01/cameras/gate/snapshot"
+    assert image["content_type"] == "image/jpeg"
+    assert image["name"] == "gate snapshot"
+    assert image["default_entity_id"] == "image.edge_agent_yard_01_gate_snapshot"
+    # The raw JPEG is the payload: no state topic, no template, no encoding; snapshots come on request or
+    # on detection (at most every min_interval_s), so no expiry either.
+    assert not {"state_topic", "value_template", "image_encoding", "url_topic", "expire_after"} & set(image)
+    assert check_home_assistant_config("image", image) == []
+    assert check_home_assistant_config("image", {**image, "url_topic": "x/y"})  # the checker does check
+    # Every camera has one, whatever it publishes.
+    off = messages(
+        make_cfg(cameras={"c": {"url": "rtsp://a", "model": "detector", "publish": {"detections": "off"}}})
+    )
+    assert {t.split("/")[-2] for t in off} == {"c_streaming", "c_fps", "c_snapshot"}
+
+
 @pytest.mark.parametrize("label", ["traffic light", 'it\'s "odd" }} {% x %}', "back\\slash", "čaj ☕ 🚗"])
 def test_count_template_takes_any_label(label: str) -> None:
     body = payload("detections", detections=[{"label": label}, {"label": "car"}, {"label": label}])
@@ -520,6 +600,8 @@ def test_templates_tolerate_foreign_payloads(body: bytes) -> None:
     """Whatever lands on a topic (an empty retained delete, garbage), HA ignores it or shows unknown."""
     msgs = messages(make_cfg())
     for config in msgs.values():
+        if "image_topic" in config:
+            continue  # the image is the payload; HA shows whatever bytes arrive (nothing to render)
         out = render(config["value_template"], body, LENIENT)
         if "unit_of_measurement" in config or "state_class" in config:
             assert out == PAYLOAD_NONE, (config["name"], out)
@@ -537,7 +619,8 @@ def test_removed_topics() -> None:
     assert removed_topics(old, old) == []
     gate_only = make_cfg({"gate": {"url": "rtsp://10.0.0.21/stream1", "model": "detector", "fps": 5}})
     street = [t for t in config_topics(old) if "/street_" in t]
-    assert len(street) == 5
+    assert len(street) == 8  # streaming, fps, snapshot, latency; person and bus: count and detected
+    assert {t.split("/")[1] for t in street} == {"sensor", "binary_sensor", "image"}
     assert removed_topics(old, gate_only) == street
     disabled = make_cfg(
         {
@@ -552,7 +635,9 @@ def test_removed_topics() -> None:
             "street": {"url": "rtsp://b", "model": "detector", "classes": ["person", "car"]},
         }
     )
-    assert removed_topics(old, reclassed) == [t for t in street if t.endswith("/street_bus_count/config")]
+    assert removed_topics(old, reclassed) == [
+        t for t in street if t.endswith(("/street_bus_count/config", "/street_bus_detected/config"))
+    ]
     # Discovery off, another discovery prefix, another node: every old config goes.
     for new in (
         make_cfg(homeassistant={"enabled": False}),
@@ -625,7 +710,7 @@ def test_fresh_home_assistant_sees_configs_and_removals(
         # Camera "street" removed by a reload: the daemon clears its configs.
         new = make_cfg({"gate": {"url": "rtsp://10.0.0.21/stream1", "model": "detector", "fps": 5}})
         gone = removed_topics(old, new)
-        assert len(gone) == 5
+        assert len(gone) == 8 and any(t.startswith("homeassistant/image/") for t in gone)
         for topic in gone:
             publisher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
         for topic, body in discovery_messages(new, topics, "0.1.0").items():  # republished after a reload
@@ -660,7 +745,7 @@ def test_start_clears_configs_left_from_a_previous_run(
         # The next start: look at what is retained for this node, clear what no longer exists.
         found = retained_now(mqtt_subscribe, port, len(config_topics(old)), node_filter(new))
         stale = stale_topics(new, [t for t, body in found.items() if body])
-        assert len(stale) == 5 and all("/street_" in t for t in stale)
+        assert len(stale) == 8 and all("/street_" in t for t in stale)
         for topic in stale:
             publisher.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
         for topic, body in discovery_messages(new, topics, "0.1.0").items():
@@ -834,12 +919,15 @@ def test_publish_detections_off_drops_the_entities_that_read_detections() -> Non
     msgs = messages(zones_cfg(publish={"detections": "off"}))
     ids = {t.split("/")[-2] for t in msgs}
     assert "gate_streaming" in ids and "gate_zone_porch_occupancy" in ids
+    assert "gate_snapshot" in ids  # snapshots do not come from the detections
     assert not any(
-        i.endswith("_latency") or (i.startswith("gate_") and "zone" not in i and i.endswith("_count"))
+        i.endswith(("_latency", "_detected"))
+        or (i.startswith("gate_") and "zone" not in i and i.endswith("_count"))
         for i in ids
     )
     old = zones_cfg()
     gone = removed_topics(old, zones_cfg(publish={"detections": "off"}))
     assert any(t.endswith("/gate_latency/config") for t in gone)
+    assert any(t.endswith("/gate_person_detected/config") for t in gone)
     assert not removed_topics(old, old)
     assert {t for t in removed_topics(old, zones_cfg(zones={})) if "_zone_" in t}  # zones removed: deleted

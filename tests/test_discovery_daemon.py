@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from fixtures_agent import AgentProcess, bundled_model, wait
 from fixtures_mqtt import Broker, Subscriber
+from test_discovery import render
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"
@@ -21,9 +22,7 @@ def config(tmp_path: Path, port: int, cameras: list[str]) -> Path:
     cfg = {
         "device_id": "ha-test",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": bundled_model()
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {c: {"url": str(ASSETS / "bikes.mp4"), "model": "detector", "fps": 2} for c in cameras},
         "mqtt": {"host": "127.0.0.1", "port": port, "keepalive": 5},
         "homeassistant": {"enabled": True},
@@ -61,6 +60,33 @@ def test_agent_publishes_and_deletes_discovery_configs(
     assert cams == {"gate", "yard"}, configs.keys()
     status = "edge-agent/ha-test/status"
     assert all(c["availability"][0]["topic"] == status for c in configs.values())
+    # Per camera an image of its snapshots and a "detected" binary sensor per counted label (person, car).
+    for cam in ("gate", "yard"):
+        image = configs[f"homeassistant/image/edge-agent_ha-test/{cam}_snapshot/config"]
+        assert image["image_topic"] == f"edge-agent/ha-test/cameras/{cam}/snapshot"
+        assert image["content_type"] == "image/jpeg"
+        for label in ("person", "car"):
+            detected = configs[
+                f"homeassistant/binary_sensor/edge-agent_ha-test/{cam}_{label}_detected/config"
+            ]
+            assert detected["state_topic"] == f"edge-agent/ha-test/cameras/{cam}/detections"
+    # On the agent's real detections: ON exactly when the frame has the label (the count sensor > 0).
+    person = configs["homeassistant/binary_sensor/edge-agent_ha-test/gate_person_detected/config"]
+    count = configs["homeassistant/sensor/edge-agent_ha-test/gate_person_count/config"]
+    frames = wait(
+        sub,
+        lambda m: len([p for t, p, _ in m if t == person["state_topic"]]) >= 4,
+        40,
+        agent,
+        "gate detections",
+    )
+    states = set()
+    for t, p, _ in frames:
+        if t == person["state_topic"]:
+            on = render(person["value_template"], p)
+            assert on == ("ON" if int(render(count["value_template"], p)) > 0 else "OFF"), p
+            states.add(on)
+    assert states <= {"ON", "OFF"} and states
 
     # Reload without yard: its entities are deleted.
     path = config(tmp_path, mqtt_broker.port, ["gate"])
@@ -74,6 +100,9 @@ def test_agent_publishes_and_deletes_discovery_configs(
     )
     configs = retained_configs(mqtt_broker.port)
     assert configs and all("yard" not in t for t in configs)
+    deleted = {t for t, p, _ in sub.snapshot() if t.startswith("homeassistant/") and p == b""}
+    assert "homeassistant/image/edge-agent_ha-test/yard_snapshot/config" in deleted
+    assert "homeassistant/binary_sensor/edge-agent_ha-test/yard_person_detected/config" in deleted
 
     # Stopped, then started with a config that lost gate too (a new camera instead): gate's configs,
     # left retained from the previous run, are found and deleted at start.

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fixtures_agent import wait_until
-from fixtures_mqtt import Broker, Subscriber
+from fixtures_mqtt import Broker, Subscriber, publish
 
 from agent.commands import CommandError
 from agent.mqtt import MqttClient, MqttError, read_password_file
@@ -389,6 +389,107 @@ def test_good_commands_run_their_handlers(commander: tuple[MqttClient, Subscribe
     sub.messages.clear()
     result = _command(commander, "reload", b"{}")
     assert result["ok"] is True and result["request_id"] is None
+
+
+# ---- retained commands (DESIGN: ignored and deleted, never run) -----------------------------------
+def _retained_on(port: int, topic: str) -> list[bytes]:
+    """What the broker holds retained on `topic` now (a fresh subscriber's view)."""
+    fresh = Subscriber(port, topic)
+    try:
+        time.sleep(0.3)
+        return [p for t, p, r in fresh.snapshot() if r and p]
+    finally:
+        fresh.close()
+
+
+def _ran(c: MqttClient, runs: list[str], sub: Subscriber, marker: str) -> list[str]:
+    """Send a plain command until it is answered (the client may not be subscribed yet: wait_connected does
+    not wait for the SUBACK): every message the client got before it has then been screened and, if it was
+    to run, run (one network thread, one command worker, in order). The commands that ran, but snapshot."""
+
+    def answered() -> bool:
+        results = [json.loads(p) for t, p, _ in sub.snapshot() if t.endswith("/result")]
+        return any(r["request_id"] == marker for r in results)
+
+    body = json.dumps({"camera": "gate", "request_id": marker})
+    for _ in range(20):
+        sub.publish(f"{PREFIX}/{c.topics.device}/cmd/snapshot", body)
+        if wait_until(answered, 0.5):
+            break
+    assert answered()
+    return [r for r in runs if r != "snapshot"]
+
+
+def _command_client(make_client: MakeClient, port: int, protocol: str, runs: list[str]) -> MqttClient:
+    c = make_client(port, device="retained-cmd", protocol=protocol)
+    c.on_command("reload", lambda req: runs.append("reload"))
+    c.on_command("snapshot", lambda req: runs.append("snapshot"))
+    assert c.wait_connected(10)
+    return c
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_retained_command_found_at_connect_is_deleted_not_run(
+    mqtt_broker: Broker,
+    make_client: MakeClient,
+    mqtt_subscribe: Callable[..., Subscriber],
+    protocol: str,
+) -> None:
+    port = mqtt_broker.port
+    topic = f"{PREFIX}/retained-cmd/cmd/reload"
+    publish(port, topic, b"{}", retain=True)  # left by some tool: it would run at every connect
+    sub = mqtt_subscribe(port, f"{PREFIX}/retained-cmd/cmd/+/result")
+    runs: list[str] = []
+    c = _command_client(make_client, port, protocol, runs)
+    assert _ran(c, runs, sub, "m1") == []  # not run
+    assert c.commands.stats()["retained_ignored"] == 1
+    assert _retained_on(port, topic) == []  # deleted at the broker
+    assert not [t for t, _, _ in sub.snapshot() if t.endswith("/reload/result")]  # and not answered
+
+
+def test_a_retained_command_published_while_connected_is_deleted_not_run_mqtt5(
+    mqtt_broker: Broker, make_client: MakeClient, mqtt_subscribe: Callable[..., Subscriber]
+) -> None:
+    """MQTT 5: the command filters are subscribed with retain-as-published, so a retained command that
+    arrives live still carries its flag: ignored and deleted like one found at connect."""
+    port = mqtt_broker.port
+    sub = mqtt_subscribe(port, f"{PREFIX}/retained-cmd/cmd/+/result")
+    runs: list[str] = []
+    c = _command_client(make_client, port, "5", runs)
+    assert _ran(c, runs, sub, "m1") == []  # subscribed: what follows arrives live
+    topic, fleet = f"{PREFIX}/retained-cmd/cmd/reload", f"{PREFIX}/_all/cmd/reload"
+    publish(port, topic, b"{}", retain=True)
+    publish(port, fleet, b"{}", retain=True)
+    assert _ran(c, runs, sub, "m2") == []  # neither ran
+    assert c.commands.stats()["retained_ignored"] == 2
+    assert _retained_on(port, topic) == []  # ours deleted
+    assert _retained_on(port, fleet) == [b"{}"]  # a fleet topic is shared: left for its owner to delete
+    # A plain command on the same topic still runs: only the flag decides.
+    sub.publish(topic, b"{}")
+    sub.wait_for(lambda m: any(t.endswith("/reload/result") for t, _, _ in m))
+    assert runs.count("reload") == 1
+
+
+def test_a_retained_command_published_while_connected_with_mqtt311(
+    mqtt_broker: Broker, make_client: MakeClient, mqtt_subscribe: Callable[..., Subscriber]
+) -> None:
+    """MQTT 3.1.1 cannot keep the flag on a live delivery (no retain-as-published): such a command runs
+    once, as documented, and is deleted at the next connect, where it arrives flagged."""
+    port = mqtt_broker.port
+    sub = mqtt_subscribe(port, f"{PREFIX}/retained-cmd/cmd/+/result")
+    runs: list[str] = []
+    c = _command_client(make_client, port, "3.1.1", runs)
+    assert _ran(c, runs, sub, "m1") == []
+    topic = f"{PREFIX}/retained-cmd/cmd/reload"
+    publish(port, topic, b"{}", retain=True)
+    assert _ran(c, runs, sub, "m2") == ["reload"]  # the broker cleared the flag: it looked live
+    assert _retained_on(port, topic) == [b"{}"]
+    c.close()
+    runs.clear()
+    again = _command_client(make_client, port, "3.1.1", runs)  # the next start (or reconnect)
+    assert _ran(again, runs, sub, "m3") == []
+    assert again.commands.stats()["retained_ignored"] == 1
+    assert _retained_on(port, topic) == []
 
 
 # ---- secrets / refused connections ---------------------------------------------------------------

@@ -193,6 +193,7 @@ def test_telemetry_payload_has_the_design_fields() -> None:
     assert d["mqtt"] == {
         "dropped_offline": 7,
         "queued": 5,
+        "reconnects": 0,
         "refused": 3,
         "last_refused": "publish to x/y: Not authorized (0x87)",
         "duplicates": ["0a1b2c3d"],
@@ -200,7 +201,7 @@ def test_telemetry_payload_has_the_design_fields() -> None:
     }
 
 
-def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
+def test_prometheus_endpoint_exposes_the_stage_metrics() -> None:
     m, other = Metrics(), Metrics()  # own registries: several instances may coexist
     m.update(_fields())
     port = m.start_http(0, addr="127.0.0.1")
@@ -212,13 +213,15 @@ def test_prometheus_endpoint_exposes_the_stage_metric() -> None:
     line = next(
         x
         for x in text.splitlines()
-        if x.startswith("edge_agent_stage_latency_seconds{")
+        if x.startswith("edge_agent_stage_latency_window_seconds{")
         and 'stage="infer"' in x
         and 'quantile="0.5"' in x
     )
     assert float(line.split()[-1]) == pytest.approx(0.0505, abs=1e-4)
     assert 'edge_agent_camera_fps{camera="gate",direction="in"} 25.0' in text
-    assert "edge_agent_mqtt_dropped_offline 7.0" in text
-    assert "edge_agent_mqtt_refused 3.0" in text and "edge_agent_mqtt_duplicate_device_agents 1.0" in text
-    assert 'edge_agent_camera_stale_frames{camera="yard"} 4.0' in text
+    assert "edge_agent_mqtt_dropped_offline_total 7.0" in text
+    assert "edge_agent_mqtt_refused_total 3.0" in text
+    assert "edge_agent_mqtt_duplicate_device_agents 1.0" in text
+    assert 'edge_agent_camera_stale_frames_total{camera="yard"} 4.0' in text
+    assert 'edge_agent_stage_latency_seconds_count{stage="infer"} 100.0' in text  # the histogram
     assert other.registry is not m.registry
