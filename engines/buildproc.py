@@ -137,10 +137,14 @@ def die_with_parent() -> None:
 
 
 def start_child(
-    argv: list[str], request: dict[str, Any], on_event: Callable[[Event], None] | None
+    argv: list[str],
+    request: dict[str, Any],
+    on_event: Callable[[Event], None] | None,
+    extra_env: dict[str, str] | None = None,
 ) -> ChildProcess:
     """Start `argv` (a Python child speaking this protocol) and hand it `request` as JSON on stdin."""
     env = dict(os.environ)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     env[PARENT_ENV] = str(os.getpid())
     proc = subprocess.Popen(

@@ -314,8 +314,11 @@ def _finish(run: _Run, step: Step, result: BuildResult) -> JobResult:
 # ---- the child process ---------------------------------------------------------------------------
 
 
-def start_job(request: JobRequest, on_event: Callable[[Event], None] | None) -> ChildProcess:
-    return start_child([sys.executable, "-m", "agent.lifecycle.job"], request.to_json(), on_event)
+def start_job(
+    request: JobRequest, on_event: Callable[[Event], None] | None, env: dict[str, str] | None = None
+) -> ChildProcess:
+    """`env`: added to the child's environment (a build for one GPU of several: CUDA_VISIBLE_DEVICES)."""
+    return start_child([sys.executable, "-m", "agent.lifecycle.job"], request.to_json(), on_event, env)
 
 
 def main() -> int:

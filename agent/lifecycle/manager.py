@@ -103,6 +103,8 @@ class EngineManager:
         watch_interval_s: float = 2.0,
         delegate: Delegate | None = None,
         serve: bool = True,
+        gpu: int | None = None,
+        build_gate: threading.Lock | None = None,
     ) -> None:
         self.cfg = cfg
         # Pipeline shards (agent.shards): a shard serves plans and hands every rebuild to the supervisor
@@ -110,6 +112,10 @@ class EngineManager:
         # and opens no ONNX Runtime session; each shard's watcher swaps in what it built).
         self._delegate = delegate
         self._serve = serve
+        # One manager per GPU model of a box with several (agent.shards): fingerprints of GPU `gpu` (NVML /
+        # nvidia-smi numbering), builds on it; `build_gate` makes the managers' jobs run one at a time.
+        self._gpu = gpu
+        self._build_gate = build_gate
         self._publish = publish
         self._swap = swap
         self._frames_for = frames_for
@@ -137,7 +143,7 @@ class EngineManager:
         """The backend to serve `name` with now; a job starts in the background (start_pending) when one
         is needed. `cfg`: a reloaded configuration not yet in effect (see detach/retire)."""
         ctx = ModelContext.from_config(cfg or self.cfg, name)
-        target = engine_target(ctx)
+        target = engine_target(ctx) if self._gpu is None else engine_target(ctx, self._gpu)
         if isinstance(target, OrtOnly):
             backend = open_ort(ctx) if self._serve else None
             self._publish(
@@ -363,7 +369,19 @@ class EngineManager:
             self._ensure_frames(me, calibration=needs_calibration_frames(steps))
         if self._stop.is_set():
             return JobResult.failed(request.precision, "stopped", "Stopped")
-        job = start_job(request, lambda ev: self._on_event(me, ev))
+        if self._build_gate is None:
+            return self._run_child(me, request)
+        with self._build_gate:  # another GPU model's build of this model first: the store lock is per model
+            return self._run_child(me, request)
+
+    def _run_child(self, me: ModelEngine, request: JobRequest) -> JobResult:
+        on_event = lambda ev: self._on_event(me, ev)  # noqa: E731
+        if self._gpu is None:
+            job = start_job(request, on_event)
+        else:
+            job = start_job(
+                request, on_event, {"CUDA_VISIBLE_DEVICES": str(self._gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            )
         with me.lock:
             me.job = job
         return JobResult.from_event(job.wait())

@@ -34,7 +34,7 @@ class OrtOnly:
     note: str  # why no engine is involved
 
 
-def engine_target(ctx: ModelContext) -> EngineTarget | OrtOnly:
+def engine_target(ctx: ModelContext, gpu_index: int = 0) -> EngineTarget | OrtOnly:
     """The TensorRT flavour and device a model's engine is for, or why ONNX Runtime serves instead.
 
     Raises ConfigError (naming models.M.backend) when a flavour is asked for and cannot be imported.
@@ -45,7 +45,9 @@ def engine_target(ctx: ModelContext) -> EngineTarget | OrtOnly:
     try:
         api = import_trt(ctx.trt_flavor)
         api.require_execution()
-        fp = probe_fingerprint(api, target_compute_capability=cfg.engine.target_compute_capability)
+        fp = probe_fingerprint(
+            api, target_compute_capability=cfg.engine.target_compute_capability, gpu_index=gpu_index
+        )
     except EngineError as exc:
         if cfg.backend != "auto":
             raise ConfigError(f"models.{ctx.name}.backend: {cfg.backend} requested, but {exc}") from None

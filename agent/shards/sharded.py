@@ -15,10 +15,12 @@ problem, not a reason for systemd to restart the service).
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from agent.signals import SignalInbox
 from agent.supervisor import Progress, Supervisor
 from agent.telemetry import Metrics, StageWindow, build_telemetry, process_stats
 from agent.topics import Topics, payload
-from engines.gpu_probe import NVML
+from engines.gpu_probe import NVML, GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,20 @@ HUNG_S = 30.0  # a running shard silent this long (no progress report) is killed
 STALE_S = 5.0  # a running shard's last report older than this: its models count as not running
 REQUEST_S = 15.0  # snapshot from a shard
 RELOAD_S = 300.0  # a shard applying its part of a reload (it may open a model)
+
+
+def _no_swap(_model: str, _backend: Any) -> None:
+    """The supervisor serves nothing: each shard's watcher swaps the new plan in."""
+
+
+def gpu_models(plan: ShardPlan, info: Callable[[int], GpuInfo | None] = NVML.info) -> dict[int, str | None]:
+    """Shard -> the model of its GPU ("NVIDIA H100 80GB HBM3, sm 9.0"), None where the shard is not pinned
+    to a GPU or NVML cannot say."""
+    out: dict[int, str | None] = {}
+    for k, gpu in enumerate(plan.gpus):
+        gi = info(gpu) if gpu is not None else None
+        out[k] = f"{gi.name}, sm {gi.compute_capability}" if gi is not None and gi.name else None
+    return out
 
 
 def part_of(cfg: AgentConfig, plan: ShardPlan, k: int) -> AgentConfig:
@@ -99,9 +115,9 @@ class ShardedAgent:
         self._telemetry: dict[int, dict[str, Any]] = {}
         self._engine_own: dict[str, dict[str, Any]] = {}
         self._engine_shards: dict[str, dict[int, dict[str, Any]]] = {}
-        self.engines = EngineManager(
-            cfg, self._own_engine_state, lambda _m, _b: None, __version__, frames_for=self._tap, serve=False
-        )
+        self.gpu_model = gpu_models(self.plan)
+        self.managers = self._managers(cfg)
+        self.engines = self.managers[self._group(0)]  # the first shard's GPU model: the state's own fields
         self.hosts = [self._host(k) for k in range(self.plan.count)]
         self._threads: list[threading.Thread] = []
 
@@ -135,8 +151,9 @@ class ShardedAgent:
             {k: len(self.plan.of(k)) for k in range(self.plan.count)},
         )
         self.mqtt = self._make_mqtt(self.cfg, self.topics)
-        for name in self.cfg.models:  # checks only: the shards load and serve
-            self.engines.open(name)
+        for manager in self.managers.values():
+            for name in self.cfg.models:  # checks only: the shards load and serve
+                manager.open(name)
         self.commands.start()
         if self.mqtt is not None:
             self.mqtt.start()
@@ -153,7 +170,8 @@ class ShardedAgent:
             raise RuntimeError(f"pipeline shards did not start: {why}")
         if failed:  # e.g. a GPU that fails: its shards retry with backoff, the other cameras run
             log.error("some pipeline shards did not start (they retry with backoff): %s", why)
-        self.engines.start()
+        for manager in self.managers.values():
+            manager.start()
         self.supervisor.start()
         process_stats()
         if self.cfg.telemetry.prometheus_port:
@@ -218,8 +236,9 @@ class ShardedAgent:
             self._publish_engine(msg[1])
         elif kind == "rebuild":
             _, model, force, precision, reasons = msg
-            if model in self.engines.models:
-                self.engines.rebuild(model, force=force, precision=precision, reasons=reasons)
+            manager = self.managers[self._group(k)]
+            if model in manager.models:
+                manager.rebuild(model, force=force, precision=precision, reasons=reasons)
         else:
             log.warning("shard %d: unknown message %r", k, kind)
 
@@ -297,26 +316,67 @@ class ShardedAgent:
         )
 
     # ---- engines ---------------------------------------------------------------------------------------
-    def _own_engine_state(self, model: str, fields: dict[str, Any]) -> None:
-        self._engine_own[model] = dict(fields)
+    def _managers(self, cfg: AgentConfig) -> dict[str | None, EngineManager]:
+        """One engine lifecycle per GPU model the shards run on (one plan each, built on one GPU of that
+        model, one build at a time); a single one where every shard's GPU is the same model."""
+        first: dict[str, int] = {}
+        for k, label in self.gpu_model.items():
+            gpu = self.plan.gpus[k]
+            if label is not None and gpu is not None:
+                first.setdefault(label, gpu)
+        if len(first) < 2:
+            return {
+                None: EngineManager(
+                    cfg, self._own_engine_state, _no_swap, __version__, frames_for=self._tap, serve=False
+                )
+            }
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # probes count GPUs as NVML does
+        gate = threading.Lock()
+        return {
+            label: EngineManager(
+                cfg,
+                functools.partial(self._own_engine_state, group=label),
+                _no_swap,
+                __version__,
+                frames_for=functools.partial(self._tap, group=label),
+                serve=False,
+                gpu=gpu,
+                build_gate=gate,
+            )
+            for label, gpu in first.items()
+        }
+
+    def _group(self, k: int) -> str | None:
+        return self.gpu_model.get(k) if len(self.managers) > 1 else None
+
+    def _own_engine_state(self, model: str, fields: dict[str, Any], group: str | None = None) -> None:
+        self._engine_own.setdefault(model, {})[group] = dict(fields)
         self._publish_engine(model)
 
     def _publish_engine(self, model: str) -> None:
         """The supervisor's state of the model (checks, builds), with what each shard serves."""
-        own = self._engine_own.get(model)
+        groups = self._engine_own.get(model, {})
+        own = groups.get(self._group(0))
         if own is None or self.mqtt is None:
             return
         shards = {
             str(k): {f: s.get(f) for f in ("state", "backend", "precision", "key", "loaded") if f in s}
             for k, s in sorted(self._engine_shards.get(model, {}).items())
         }
-        body = payload("engine", model=model, **{**own, "shards": shards})
+        extra: dict[str, Any] = {"shards": shards}
+        if len(self.managers) > 1:  # GPUs of different models: each model's own plan and state
+            keep = ("state", "backend", "precision", "key", "error", "progress")
+            extra["gpu_models"] = {g: {f: v.get(f) for f in keep if f in v} for g, v in groups.items()}
+        body = payload("engine", model=model, **{**own, **extra})
         self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
 
-    def _tap(self, model: str) -> _RemoteTap | None:
-        """Frames for a build of `model` (gate, INT8): from the running shard with most of its cameras."""
+    def _tap(self, model: str, group: str | None = None) -> _RemoteTap | None:
+        """Frames for a build of `model` (gate, INT8): from the running shard with most of its cameras
+        (of the GPU model the build is for, where there are several)."""
         counts: dict[int, int] = {}
         for cam, k in self.plan.cameras.items():
+            if group is not None and self.gpu_model.get(k) != group:
+                continue
             if self.cfg.cameras[cam].model == model and self.hosts[k].state == "running":
                 counts[k] = counts.get(k, 0) + 1
         if not counts:
@@ -338,7 +398,13 @@ class ShardedAgent:
                 f"field 'model': unknown or not a TensorRT model {req.model!r} (known: {known})"
             )
         targets = [req.model] if req.model else known
-        started = [m for m in targets if self.engines.rebuild(m, force=req.force, precision=req.precision)]
+        started = [
+            m
+            for m in targets
+            if any(
+                [mgr.rebuild(m, force=req.force, precision=req.precision) for mgr in self.managers.values()]
+            )
+        ]
         return {"started": started, "already_building": [m for m in targets if m not in started]}
 
     def _cmd_reload(self, req: ReloadRequest) -> dict:
@@ -510,7 +576,8 @@ class ShardedAgent:
                 previous.close()
             if client is not None:
                 client.start()
-                self.engines.republish()
+                for manager in self.managers.values():
+                    manager.republish()
         self.cfg, self.plan = new, placement
         errors = []
         for host in self.hosts:  # each shard applies its part in place, as a single process would
@@ -531,12 +598,13 @@ class ShardedAgent:
         return summary
 
     def _apply_engines(self, new: AgentConfig, plan: Any) -> None:
-        for name in plan.models_removed + plan.models_changed:
-            self.engines.retire(self.engines.detach(name))
-        self.engines.reconfigure(new)
-        for name in plan.models_added + plan.models_changed:
-            self.engines.open(name, new)
-        self.engines.start_pending()
+        for manager in self.managers.values():
+            for name in plan.models_removed + plan.models_changed:
+                manager.retire(manager.detach(name))
+            manager.reconfigure(new)
+            for name in plan.models_added + plan.models_changed:
+                manager.open(name, new)
+            manager.start_pending()
 
     # ---- stop -----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -568,7 +636,8 @@ class ShardedAgent:
             host.ask_stop()  # all at once: they stop in parallel
         for host in self.hosts:
             host.stop(timeout=max(1.0, 10.0 - (time.monotonic() - t0)))
-        self.engines.close()
+        for manager in self.managers.values():
+            manager.close()
         self.commands.stop()
         if self.mqtt is not None:
             self.mqtt.close()
