@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import select
 import signal
+import string
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
@@ -20,12 +25,24 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
 DEMO_LABELS = ASSETS / "coco.names"
 DEMO_CLIP = ASSETS / "bikes.mp4"
+# What a shell shows for a command whose pipe's reader left (128 + SIGPIPE): `edge-agent ... | head`.
+READER_LEFT = 128 + signal.SIGPIPE
+_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.")
+FLEET_TIMEOUT_S = 10.0  # fleet status: the broker must answer within this (plus --wait)
+log = logging.getLogger("agent.cli")
+
+
+def demo_device_id(nodename: str) -> str:
+    """`<hostname>-demo`: never the device id a service on this host takes by default (its host name), so a
+    demo started next to a running agent does not publish over its status, camera states and engines."""
+    name = "".join(c if c in _ID_CHARS else "-" for c in nodename).lstrip("_")
+    return f"{name or 'edge-agent'}-demo"
 
 
 def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path | None = None) -> AgentConfig:
     """The embedded default: bundled NanoDet + street clip, ONNX Runtime on CPU, console output."""
     data = {
-        "device_id": os.uname().nodename.replace(" ", "-") or "edge-agent",
+        "device_id": demo_device_id(os.uname().nodename),
         "engine_dir": str(Path.home() / ".cache" / "edge-agent" / "engines"),
         "models": {
             "nanodet": {
@@ -64,8 +81,69 @@ def setup_logging(level: str) -> None:
         logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
+class _Console:
+    """sys.stdout while an agent runs: console lines come from a scheduler thread, where a reader that left
+    (`edge-agent demo | head`) raised BrokenPipeError with a traceback for every line. The first one sends
+    the rest of the output to /dev/null and calls `on_gone` once (demo: stop; run: keep serving)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self.gone = False
+        self.on_gone: Callable[[], None] = lambda: None
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._out.write(text)
+            except BrokenPipeError:
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._out.flush()
+            except BrokenPipeError:
+                self._lost()
+
+    def _lost(self) -> None:
+        with self._lock:
+            if self.gone:
+                return
+            self.gone = True
+        _discard_stdout()
+        self.on_gone()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, ...
+        return getattr(self._out, name)
+
+
 def _run_agent(
-    cfg: AgentConfig, quiet_mqtt: bool = False, config_path: str | None = None, level: str = "info"
+    cfg: AgentConfig,
+    quiet_mqtt: bool = False,
+    config_path: str | None = None,
+    level: str = "info",
+    stop_unread: bool = False,
+) -> int:
+    """Run until stopped. `stop_unread`: stop when stdout's reader leaves (the demo, whose output is the
+    point); otherwise the console lines stop and the agent keeps serving."""
+    console, saved = _Console(sys.stdout), sys.stdout
+    sys.stdout = console  # before the agent: its console sink keeps the stream it finds here
+    try:
+        code = _serve(cfg, quiet_mqtt, config_path, level, console, stop_unread)
+    finally:
+        sys.stdout = saved
+    return READER_LEFT if code == 0 and console.gone and stop_unread else code
+
+
+def _serve(
+    cfg: AgentConfig,
+    quiet_mqtt: bool,
+    config_path: str | None,
+    level: str,
+    console: _Console,
+    stop_unread: bool,
 ) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
     from agent.service import Notifier, ServiceError
@@ -89,6 +167,10 @@ def _run_agent(
         agent = ShardedAgent(cfg, config_path=config_path, notifier=notifier, level=level, plan=plan)
     else:
         agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
+    if stop_unread:
+        console.on_gone = agent.request_stop
+    else:
+        console.on_gone = lambda: log.warning("console: stdout was closed; no more console lines")
     try:
         agent.start()
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
@@ -112,7 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"MQTT to {args.mqtt_host}:{args.mqtt_port} when a broker answers. Ctrl-C stops.",
         flush=True,
     )
-    return _run_agent(cfg, quiet_mqtt=True)
+    return _run_agent(cfg, quiet_mqtt=True, stop_unread=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -187,6 +269,8 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 
     try:
         return install_service(Path(args.root), args.user, args.dry_run)
+    except BrokenPipeError:
+        raise  # stdout's reader left (`--dry-run | head`): main() ends quietly
     except (InstallError, OSError) as exc:
         print(f"edge-agent install-service: {exc}", file=sys.stderr)
         return 2
@@ -215,13 +299,66 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if args.password_file:
             password = read_password_file(args.password_file)
         table = rows(
-            collect(host, port, prefix, username=username, password=password, tls=tls, quiet_s=args.wait)
+            collect(
+                host,
+                port,
+                prefix,
+                username=username,
+                password=password,
+                tls=tls,
+                quiet_s=args.wait,
+                timeout_s=FLEET_TIMEOUT_S + args.wait,
+            )
         )
     except (FleetError, MqttError) as exc:
         print(f"edge-agent fleet status: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(table, indent=2) if args.json else render(table))
     return 0
+
+
+# ---- numbers on the command line: out of range is a usage error (exit 2) naming the option ----------------
+def _count(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number in low..high."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text}: not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text}: must be {low}..{high}")
+        return value
+
+    return count
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port {text}: not a whole number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text}: must be 1..65535")
+    return value
+
+
+def _seconds(most: float, zero: bool = False) -> Callable[[str], float]:
+    """argparse type: seconds, a finite number above 0 (or 0 where `zero` says it means something) and at
+    most `most`; NaN and infinities are refused (they passed float() and broke the waits behind them)."""
+    rule = f"a number of seconds, {'0' if zero else 'more than 0'} {'to' if zero else 'and at most'} {most:g}"
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text}: not a number of seconds") from None
+        if not (math.isfinite(value) and (value > 0 or (zero and value == 0)) and value <= most):
+            raise argparse.ArgumentTypeError(f"{text}: must be {rule}")
+        return abs(value)  # -0 is 0
+
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run the bundled model on the bundled clip (no GPU, no broker needed)")
     d.add_argument("--mqtt-host", default="localhost")
-    d.add_argument("--mqtt-port", type=int, default=1883)
+    d.add_argument("--mqtt-port", type=_port, default=1883)
     d.add_argument("--clip", help="another video file to loop instead of the bundled one")
     d.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     d.set_defaults(func=cmd_demo)
@@ -261,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--precision", choices=REQUESTABLE)
     rb.add_argument(
         "--wait",
-        type=float,
+        type=_seconds(86400, zero=True),
         default=0.0,
         metavar="S",
         help="wait up to S seconds for another build of the same model (default: fail at once)",
@@ -275,11 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("-c", "--config", required=True)
     cal.add_argument("--model", help="default: every model")
     cal.add_argument("--from", dest="source", metavar="DIR", help="images/videos instead of cameras")
-    cal.add_argument("--samples", type=int, help="calibration frames (default: models.M.calibration.samples)")
-    cal.add_argument("--held-out", type=int, help="gate frames on top (default: samples/9, at least 20)")
+    cal.add_argument(
+        "--samples",
+        type=_count(0, 100_000),
+        help="calibration frames, 0..100000 (default: models.M.calibration.samples)",
+    )
+    cal.add_argument(
+        "--held-out", type=_count(1, 100_000), help="gate frames on top (default: samples/9, at least 20)"
+    )
     cal.add_argument(
         "--interval",
-        type=float,
+        type=_seconds(86400),
         metavar="S",
         help="live cameras: seconds apart (default: its calibration.interval_s)",
     )
@@ -305,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["fp32", "fp16", "int8"],
         help="default: the model's (best: int8); on ONNX Runtime fp16/int8 are profiled next to fp32",
     )
+    # --iterations and --top: whole numbers here, >= 1 checked by run_profile (its own message, exit 2)
     pr.add_argument("--iterations", type=int, default=50, help="profiled inferences (after one warm-up)")
     pr.add_argument("--top", type=int, default=15, help="layers in the table and the chart")
     pr.add_argument("--out", default="profile-out", help="folder for {model}.json, .png and ORT traces")
@@ -331,12 +475,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fs.add_argument("-c", "--config", help="take broker, credentials, TLS and prefix from this agent.yaml")
     fs.add_argument("--mqtt-host", help="broker host (default: the config's, else localhost)")
-    fs.add_argument("--mqtt-port", type=int, help="broker port (default: the config's, else 1883)")
+    fs.add_argument("--mqtt-port", type=_port, help="broker port (default: the config's, else 1883)")
     fs.add_argument("--prefix", help="topic prefix (default: the config's, else edge-agent)")
     fs.add_argument("--username")
     fs.add_argument("--password-file")
-    fs.add_argument("--wait", type=float, default=0.5, metavar="S", help="stop after S quiet seconds (0.5)")
-    fs.add_argument("--json", action="store_true", help="one JSON object per agent instead of the table")
+    fs.add_argument(
+        "--wait",
+        type=_seconds(60),
+        default=0.5,
+        metavar="S",
+        help="stop after S quiet seconds (0.5; at most 60)",
+    )
+    fs.add_argument(
+        "--json", action="store_true", help="a JSON array, one object per agent, instead of the table"
+    )
     fs.set_defaults(func=cmd_fleet_status)
 
     b = sub.add_parser(
@@ -351,8 +503,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# ---- stdout's reader leaving -------------------------------------------------------------------------
+def _stdout_reader_left() -> bool:
+    """stdout is a pipe (or socket) whose reading end is closed: poll says POLLERR (pipe) or POLLHUP."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no stdout, or not a file descriptor (tests' captures)
+        return False
+
+
+def _discard_stdout() -> None:
+    """From now on stdout's descriptor is /dev/null: whatever is still buffered, and the interpreter's own
+    flush at exit, go nowhere instead of raising BrokenPipeError again ("Exception ignored ...")."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, sys.stdout.fileno())
+        finally:
+            os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        code = _command(args)
+        sys.stdout.flush()  # here, not at exit: a reader that left is handled below like any other write
+    except BrokenPipeError:
+        if not _stdout_reader_left():
+            raise  # --debug on another pipe's (a child's, a socket's): its traceback
+        # `edge-agent check --json | head -3`: the reader has what it wanted. End quietly, as Unix tools do.
+        _discard_stdout()
+        return READER_LEFT
+    return code
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except (ConfigError, EngineError) as exc:
@@ -361,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # a bug, or bad input we did not foresee: one line, the traceback on --debug
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_left():
+            raise  # main() ends quietly; any other broken pipe (a child's, a socket's) is an error to report
         if args.debug:
             raise
         why = f"{type(exc).__name__}: {exc}"

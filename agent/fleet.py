@@ -48,6 +48,15 @@ class DeviceView:
             self.last_ts = ts
 
 
+def client_id() -> str:
+    """This reader's MQTT client id: ``edge-agent-fleet.<16 hex>``. An agent's is
+    ``{prefix}-{device}-<8 hex>`` (``-shard<k>`` added in a shard), so it always ends in ``-`` and 8 hex
+    digits or in ``-shard<k>``; this one's last 9 characters are hex digits, so whatever the prefix and
+    device ids, it never equals one: a broker would otherwise drop the agent's session for ours (same
+    client id). The reader only subscribes: no will, no publish, nothing on any device's topics."""
+    return f"edge-agent-fleet.{secrets.token_hex(8)}"
+
+
 def filters(prefix: str) -> list[str]:
     return [f"{prefix}/+/status", f"{prefix}/+/cameras/+/state", f"{prefix}/+/engines/+"]
 
@@ -71,6 +80,8 @@ def collect(
         raise FleetError(f"port {port}: must be 1..65535")
     if not host or host != host.strip():
         raise FleetError(f"host {host!r}: must be a host name or IP address")
+    if not (0 <= quiet_s < math.inf and 0 < timeout_s < math.inf):  # NaN fails both
+        raise FleetError(f"quiet_s {quiet_s!r}, timeout_s {timeout_s!r}: must be finite, >= 0 and > 0")
     views: dict[str, DeviceView] = {}
     lock = threading.Lock()
     subscribed = threading.Event()
@@ -113,9 +124,7 @@ def collect(
             elif len(levels) == 3 and levels[1] == "engines":
                 view.engines[levels[2]] = body
 
-    c = paho.Client(
-        CallbackAPIVersion.VERSION2, client_id=f"edge-agent-fleet-{secrets.token_hex(4)}", clean_session=True
-    )
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id(), clean_session=True)
     if username is not None:
         c.username_pw_set(username, password)
     if tls is not None:

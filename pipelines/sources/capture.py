@@ -20,6 +20,7 @@ read after a rewind that fails reopens the file once (2.5-3 ms); later loops reo
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,14 +116,46 @@ class Capture:
             raise OpenError(self._scrub(f"cannot open {self.spec.display}: {exc}")) from None
 
     def _why_not_opened(self, took: float) -> str:
+        """Why the open failed, in the agent's words: FFmpeg's and OpenCV's own log lines are off (spec.py),
+        and OpenCV only answers "not opened" whatever the cause."""
         t, spec = self.target, self.spec
         timed_out = t.kind in ("rtsp", "stream") and took >= 0.9 * spec.open_timeout_s
         what = f"open timed out after {spec.open_timeout_s:g} s" if timed_out else "cannot open"
         if t.kind == "rtsp" and isinstance(spec.url, str):
-            # FFmpeg says nothing about why: ask the camera (refused, timeout, 401, 404, ...).
+            # Ask the camera itself (refused, timeout, unknown host, 401, 404, ...).
             why = diagnose(spec.url, timeout=min(3.0, spec.open_timeout_s))
             return self._scrub(f"{what}: {self.display}: {why}")
-        return self._scrub(f"{what}: {self.display}" if timed_out else f"{what} {self.display}")
+        if timed_out:
+            return self._scrub(f"{what}: {self.display}")
+        why = self._local_why()
+        return self._scrub(f"{what} {self.display}" + (f": {why}" if why else ""))
+
+    def _local_why(self) -> str | None:
+        """A file, a V4L2 device or a GStreamer pipeline that did not open: what the host tells about it."""
+        t = self.target
+        if t.kind == "file":
+            path = str(t.target)
+            try:
+                size = os.path.getsize(path)
+            except OSError as exc:
+                return exc.strerror or "cannot read it"
+            if not os.access(path, os.R_OK):
+                return "permission denied"
+            if size == 0:
+                return "the file is empty"
+            return "not a video FFmpeg can read (unknown format, damaged or incomplete)"
+        if t.kind == "v4l2":
+            device = t.target if isinstance(t.target, str) else f"/dev/video{t.target}"
+            if not os.path.exists(device):
+                return "no such device"
+            if not os.access(device, os.R_OK | os.W_OK):
+                return "permission denied (the video group; under systemd a DeviceAllow= drop-in)"
+            return None
+        if t.kind == "gstreamer":
+            if not cv2.videoio_registry.hasBackend(cv2.CAP_GSTREAMER):
+                return "this OpenCV has no GStreamer (on a Jetson use JetPack's cv2; else give a 'url')"
+            return "GStreamer did not start the pipeline (OPENCV_LOG_LEVEL=WARNING shows its reason)"
+        return None
 
     # -- read ---------------------------------------------------------------------------------------
     def read(self) -> Unit | None:

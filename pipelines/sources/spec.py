@@ -30,6 +30,8 @@ _ENV_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 # set: 8 RTSP cameras then became ready 0.65 s apart, one after another (5.2 s for the last); with it all 8
 # opened in 0.66 s. FFmpeg itself is thread-safe here (>= 4.0: no lock manager, codec init locked inside).
 _ENV_THREAD_SAFE = "OPENCV_FFMPEG_IS_THREAD_SAFE"
+_ENV_FFMPEG_LOG = "OPENCV_FFMPEG_LOGLEVEL"
+FFMPEG_QUIET = "-8"  # AV_LOG_QUIET
 
 
 def _configure_ffmpeg() -> None:
@@ -40,10 +42,18 @@ def _configure_ffmpeg() -> None:
         # The operator's own options win, but RTSP over TCP is part of this module's contract.
         os.environ[_ENV_OPTIONS] = f"rtsp_transport;tcp|{current}" if current else "rtsp_transport;tcp"
     os.environ.setdefault(_ENV_THREAD_SAFE, "1")  # an operator's explicit 0 keeps OpenCV's lock
+    # OpenCV's and FFmpeg's own lines on stderr ("[tcp @ 0x...] Connection to tcp://... failed: Connection
+    # refused", "[mov,mp4,... @ 0x...] moov atom not found", "[ WARN:0@0.1] global cap_ffmpeg_impl.hpp ...",
+    # "[ERROR:0@0.02] ... unsupported parameters") came at every attempt of a failing camera, in their words,
+    # without the camera's name: the journal filled with them. The camera state and the agent's one line per
+    # change say why (capture.py, rtsp_probe.py). Silent unless the operator set the variables to debug:
     if "OPENCV_LOG_LEVEL" not in os.environ:
-        # With the lock off, OpenCV prints a WARNING line to stderr at every open (a looping or reconnecting
-        # camera would fill the journal). Its other warnings duplicate what the camera state says.
-        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+        # With the lock off, OpenCV also prints a WARNING line at every open (a looping file, a reconnect).
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    if _ENV_FFMPEG_LOG not in os.environ and "OPENCV_FFMPEG_DEBUG" not in os.environ:
+        # OpenCV reads it with getenv() at every FFmpeg open (its default is AV_LOG_ERROR, which prints the
+        # lines above); written here once, before any reader thread, like the options above.
+        os.environ[_ENV_FFMPEG_LOG] = FFMPEG_QUIET
 
 
 _configure_ffmpeg()
