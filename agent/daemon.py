@@ -13,20 +13,17 @@ import numpy as np
 
 from agent import __version__, snapshot
 from agent.commands import (
-    Answer,
     CommandError,
     CommandRouter,
-    RebuildRequest,
-    ReloadRequest,
     SnapshotRequest,
 )
-from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig, load_config
-from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
+from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
+from agent.discovery import node_filter
 from agent.events import CameraEvents, analytics_settings, track_floor
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
-from agent.mqtt import MqttClient, MqttError
-from agent.preflight import preflight
+from agent.mqtt import MqttClient
+from agent.owner import DeviceOwner
 from agent.reload import ReloadPlan, plan_reload
 from agent.results import ConsoleSink, detection_fields
 from agent.service import Notifier, extending
@@ -117,7 +114,7 @@ def class_mask(cam_name: str, cam: CameraConfig, labels: list[str], labels_src: 
     return mask
 
 
-class Agent:
+class Agent(DeviceOwner):
     def __init__(
         self,
         cfg: AgentConfig,
@@ -191,21 +188,6 @@ class Agent:
         return client
 
     # ---- Home Assistant discovery (agent.discovery) ------------------------------------------------
-    def _publish_discovery(self, old: AgentConfig | None = None) -> None:
-        if self.mqtt is None or self.shard is not None:
-            return
-        for topic in removed_topics(old, self.cfg) if old is not None else []:
-            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")  # deletes the entity
-        for topic, body in discovery_messages(self.cfg, self.topics, __version__).items():
-            self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
-
-    def _on_discovery_config(self, topic: str, body: bytes) -> None:
-        """A retained config of our node that the config does not publish (a camera removed while the agent
-        was stopped, discovery turned off): delete it. Network thread; publish() does not block."""
-        if body and self.mqtt is not None and stale_topics(self.cfg, [topic]):
-            log.info("Home Assistant: deleting stale discovery config %s", topic)
-            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
-
     def _on_region_state(self, topic: str, body: bytes) -> None:
         """A retained zone or line state that no camera publishes now (a zone removed while the agent was
         stopped): delete it. Network thread."""
@@ -352,17 +334,6 @@ class Agent:
             fields["last_reload"] = self.last_reload
         return fields
 
-    def _offline_fields(self, reason: str) -> dict:
-        """The graceful offline status and the LWT carry the same fields (the LWT's are fixed at connect)."""
-        return {
-            "state": "offline",
-            "reason": reason,
-            "version": __version__,
-            "started_at": self.started_at,
-            "cameras_up": 0,
-            "cameras_total": len(self.cameras),
-        }
-
     def _on_camera_state(self, camera: str, state: str, reason: str | None) -> None:
         cam = self.cameras.get(camera)
         if cam is None:
@@ -413,32 +384,6 @@ class Agent:
         self.workers[model].swap_backend(backend)
 
     # ---- MQTT commands (validated by agent.commands; they run one at a time on its thread) -----------
-    def _publish_answer(self, answer: Answer) -> None:
-        # Through the client in use now: a reload may have replaced the one the command came in on.
-        if self.mqtt is not None:
-            # `device`: a fleet command (_all, _group/<g>) is answered by many devices, each on its own topic.
-            body = payload("cmd-result", **{**answer.body(), "device": self.topics.device})
-            self.mqtt.publish(self.topics.cmd_result(answer.action), body, qos=1, kind="event")
-
-    def _cmd_rebuild(self, req: RebuildRequest) -> dict:
-        """cmd/rebuild {model?, force?, precision?}: starts builds, answers at once; progress and the
-        outcome follow on the engine state topics."""
-        known = self.engines.models
-        if req.model is not None and req.model not in known:
-            why = f"unknown or not a TensorRT model {req.model!r} (known: {known})"
-            raise CommandError(f"field 'model': {why}")
-        targets = [req.model] if req.model else known
-        started = [m for m in targets if self.engines.rebuild(m, force=req.force, precision=req.precision)]
-        busy = [m for m in targets if m not in started]
-        return {"started": started, "already_building": busy}
-
-    def _cmd_reload(self, req: ReloadRequest) -> dict:
-        """cmd/reload {}: the SIGHUP path; answers with what changed, or why the config was refused."""
-        if not self.reload():
-            error = (self.last_reload or {}).get("error")
-            raise CommandError(f"config refused, the previous one is still running: {error}")
-        return {"changes": (self.last_reload or {}).get("changes")}
-
     def snapshot(self, camera: str) -> dict:
         """cmd/snapshot for one camera of this process (a shard answers the supervisor with it)."""
         return self._cmd_snapshot(SnapshotRequest(camera=camera))
@@ -609,58 +554,20 @@ class Agent:
             for cam in list(self.cameras.values()):
                 self._publish_camera_state(cam)
 
-    # ---- reload (SIGHUP) ----------------------------------------------------------------------
-    def reload(self) -> bool:
-        """Re-read the config file and apply what changed in place (agent.reload). An invalid config, or a
-        new model that cannot be opened, leaves everything as it was; the error goes to the log, the
-        service status and the MQTT status payload (`last_reload`). True when the new config is in effect."""
-        with self._reload_lock:
-            self.supervisor.reloading()
-            try:
-                changes = self._reload_from_file()
-            except Exception as exc:  # the old config keeps running whatever went wrong
-                expected = isinstance(exc, (ConfigError, OSError, ValueError, RuntimeError, MqttError))
-                error = str(exc) if expected else repr(exc)
-                if not expected:  # a bug: its traceback helps
-                    log.exception("reload failed")
-                log.error("reload refused, still running the previous config: %s", error)
-                self.last_reload = {"ok": False, "at": round(time.time(), 3), "error": error[:2000]}
-                self.supervisor.set_extra(f"last reload failed: {error.splitlines()[0][:200]}")
-                ok = False
-            else:
-                log.info("reload applied: %s", changes)
-                self.last_reload = {"ok": True, "at": round(time.time(), 3), "changes": changes}
-                self.supervisor.set_extra("")
-                ok = True
-            self._publish_status()
-            self.supervisor.reloaded()
-            return ok
+    # ---- DeviceOwner hooks (agent.owner: reloads, the main loop, discovery, answers) -----------------
+    def _owns_device(self) -> bool:
+        return self.shard is None  # a shard: its supervisor owns the device's identity
 
-    def _reload_from_file(self) -> str:
-        if self.config_path is None:
-            raise ConfigError("reload: the agent was not started from a config file")
-        new = load_config(self.config_path)
-        problems = preflight(new, str(self.config_path))
-        if problems:
-            raise ConfigError("\n".join(problems))
-        plan = plan_reload(self.cfg, new)
-        if plan.needs_restart:  # keep what cannot change in place; say so
-            new = new.model_copy(
-                update={
-                    "engine_dir": self.cfg.engine_dir,
-                    "telemetry": new.telemetry.model_copy(
-                        update={"prometheus_port": self.cfg.telemetry.prometheus_port}
-                    ),
-                    "pipeline": self.cfg.pipeline,
-                }
-            )
-        if new.mqtt.enabled and plan.mqtt:
-            new.mqtt.read_password()  # a missing password file fails now, before anything changed
+    def _cameras_total(self) -> int:
+        return len(self.cameras)
+
+    def _apply_reload(self, new: AgentConfig, plan: ReloadPlan) -> str:
         old = self.cfg
         self._apply(new, plan)
         self._publish_discovery(old)  # after every reload: cameras, labels or the section itself changed
         return plan.summary()
 
+    # ---- reload (SIGHUP): applying a checked config in place --------------------------------------
     def _apply(self, new: AgentConfig, plan: ReloadPlan) -> None:
         # 1. Everything that can fail, while nothing has changed yet: class masks of new/changed cameras
         #    against the labels they will use, then the models to open (ORT serves at once; engines build
@@ -787,16 +694,6 @@ class Agent:
             self.engines.republish()  # discovery configs follow in _reload_from_file
 
     # ---- stop --------------------------------------------------------------------------------
-    def request_stop(self) -> None:
-        """Stop from any thread (not a signal handler: those go through SignalInbox)."""
-        self._stop.set()
-        self._signals.stop = True
-        self._signals.poke()
-
-    def request_reload(self) -> None:
-        self._signals.reload = True
-        self._signals.poke()
-
     def _install_signals(self) -> None:
         if self.shard is None:  # a shard takes no signal: its supervisor stops it (agent.shards.child)
             self._signals.install()
@@ -804,21 +701,6 @@ class Agent:
     def _restore_signals(self) -> None:
         if self.shard is None:
             self._signals.restore()
-
-    def run_forever(self) -> None:
-        """The main thread: signal handlers only set flags (a handler may interrupt any line of this
-        thread, even one holding a lock); the stop and the reload themselves run here, between waits. Any
-        burst of signals ends in reloads or in one stop: a stop wins over reloads still pending."""
-        self._install_signals()
-        try:
-            while not (self._signals.stop or self._stop.is_set()):
-                self._signals.wait(0.5)
-                if self._signals.stop:
-                    break
-                if self._signals.take_reload():
-                    self.reload()
-        finally:
-            self.stop()
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from agent import __version__
-from agent.commands import Answer, CommandError, CommandRouter, RebuildRequest, ReloadRequest, SnapshotRequest
-from agent.config import AgentConfig, ConfigError, load_config
-from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
+from agent.commands import CommandError, CommandRouter, SnapshotRequest
+from agent.config import AgentConfig
+from agent.discovery import node_filter
 from agent.lifecycle.manager import EngineManager
-from agent.mqtt import MqttClient, MqttError
-from agent.preflight import preflight
-from agent.reload import plan_reload
+from agent.mqtt import MqttClient
+from agent.owner import DeviceOwner
+from agent.reload import ReloadPlan
 from agent.service import Notifier, extending
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan, place
@@ -80,7 +80,7 @@ def part_of(cfg: AgentConfig, plan: ShardPlan, k: int) -> AgentConfig:
     )
 
 
-class ShardedAgent:
+class ShardedAgent(DeviceOwner):
     def __init__(
         self,
         cfg: AgentConfig,
@@ -294,26 +294,23 @@ class ShardedAgent:
             "restarts": sum(h.restarts for h in self.hosts),
         }
 
-    def _offline_fields(self, reason: str) -> dict:
-        return {
-            "state": "offline",
-            "reason": reason,
-            "version": __version__,
-            "started_at": self.started_at,
-            "cameras_up": 0,
-            "cameras_total": len(self.plan.cameras),
-        }
-
     def _publish_status(self) -> None:
         if self.mqtt is not None:
             body = self.mqtt.status_payload(self._status_fields())
             self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
+        self.supervisor.set_extra(self._status_extra())
+
+    def _status_extra(self) -> str:
         summary = self._shards_summary()
-        self.supervisor.set_extra(
+        running = (
             ""
             if summary["running"] == summary["count"]
             else f"{summary['running']}/{summary['count']} shards running"
         )
+        return ", ".join(t for t in (running, self.reload_note) if t)
+
+    def _cameras_total(self) -> int:
+        return len(self.plan.cameras)
 
     # ---- engines ---------------------------------------------------------------------------------------
     def _managers(self, cfg: AgentConfig) -> dict[str | None, EngineManager]:
@@ -386,32 +383,12 @@ class ShardedAgent:
         return _RemoteTap(self.hosts[k], model, total / counts[k])
 
     # ---- commands -------------------------------------------------------------------------------------
-    def _publish_answer(self, answer: Answer) -> None:
-        if self.mqtt is not None:
-            body = payload("cmd-result", **{**answer.body(), "device": self.topics.device})
-            self.mqtt.publish(self.topics.cmd_result(answer.action), body, qos=1, kind="event")
+    def _rebuild_targets(self) -> list[str]:
+        return list(self.engines.models)
 
-    def _cmd_rebuild(self, req: RebuildRequest) -> dict:
-        known = self.engines.models
-        if req.model is not None and req.model not in known:
-            raise CommandError(
-                f"field 'model': unknown or not a TensorRT model {req.model!r} (known: {known})"
-            )
-        targets = [req.model] if req.model else known
-        started = [
-            m
-            for m in targets
-            if any(
-                [mgr.rebuild(m, force=req.force, precision=req.precision) for mgr in self.managers.values()]
-            )
-        ]
-        return {"started": started, "already_building": [m for m in targets if m not in started]}
-
-    def _cmd_reload(self, req: ReloadRequest) -> dict:
-        if not self.reload():
-            error = (self.last_reload or {}).get("error")
-            raise CommandError(f"config refused, the previous one is still running: {error}")
-        return {"changes": (self.last_reload or {}).get("changes")}
+    def _rebuild(self, model: str, force: bool, precision: str | None) -> bool:
+        # Every GPU model's lifecycle (evaluated for each: no short cut).
+        return any([m.rebuild(model, force=force, precision=precision) for m in self.managers.values()])
 
     def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
         k = self.plan.cameras.get(req.camera)
@@ -424,19 +401,6 @@ class ShardedAgent:
         return dict(body, shard=k)
 
     # ---- discovery ------------------------------------------------------------------------------------
-    def _publish_discovery(self, old: AgentConfig | None = None) -> None:
-        if self.mqtt is None:
-            return
-        for topic in removed_topics(old, self.cfg) if old is not None else []:
-            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
-        for topic, body in discovery_messages(self.cfg, self.topics, __version__).items():
-            self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
-
-    def _on_discovery_config(self, topic: str, body: bytes) -> None:
-        if body and self.mqtt is not None and stale_topics(self.cfg, [topic]):
-            log.info("Home Assistant: deleting stale discovery config %s", topic)
-            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
-
     def _live_regions(self) -> set[str]:
         live = set()
         for name, cam in self.cfg.cameras.items():
@@ -524,48 +488,8 @@ class ShardedAgent:
                     self._progress.pop(host.index, None)
                     host.kill()
 
-    # ---- reload ---------------------------------------------------------------------------------------
-    def reload(self) -> bool:
-        with self._reload_lock:
-            self.supervisor.reloading()
-            try:
-                changes = self._reload_from_file()
-            except Exception as exc:
-                expected = isinstance(exc, (ConfigError, OSError, ValueError, RuntimeError, MqttError))
-                error = str(exc) if expected else repr(exc)
-                if not expected:
-                    log.exception("reload failed")
-                log.error("reload refused or incomplete: %s", error)
-                self.last_reload = {"ok": False, "at": round(time.time(), 3), "error": error[:2000]}
-                ok = False
-            else:
-                log.info("reload applied: %s", changes)
-                self.last_reload = {"ok": True, "at": round(time.time(), 3), "changes": changes}
-                ok = True
-            self._publish_status()
-            self.supervisor.reloaded()
-            return ok
-
-    def _reload_from_file(self) -> str:
-        if self.config_path is None:
-            raise ConfigError("reload: the agent was not started from a config file")
-        new = load_config(self.config_path)
-        problems = preflight(new, str(self.config_path))
-        if problems:
-            raise ConfigError("\n".join(problems))
-        plan = plan_reload(self.cfg, new)
-        if plan.needs_restart:
-            new = new.model_copy(
-                update={
-                    "engine_dir": self.cfg.engine_dir,
-                    "telemetry": new.telemetry.model_copy(
-                        update={"prometheus_port": self.cfg.telemetry.prometheus_port}
-                    ),
-                    "pipeline": self.cfg.pipeline,
-                }
-            )
-        if new.mqtt.enabled and plan.mqtt:
-            new.mqtt.read_password()
+    # ---- reload (agent.owner reads and checks the file) ----------------------------------------------
+    def _apply_reload(self, new: AgentConfig, plan: ReloadPlan) -> str:
         placement = place(new, previous=self.plan.cameras, count=self.plan.count)
         old, old_plan = self.cfg, self.plan
         self._apply_engines(new, plan)
@@ -607,27 +531,6 @@ class ShardedAgent:
             manager.start_pending()
 
     # ---- stop -----------------------------------------------------------------------------------------
-    def request_stop(self) -> None:
-        self._stop.set()
-        self._signals.stop = True
-        self._signals.poke()
-
-    def request_reload(self) -> None:
-        self._signals.reload = True
-        self._signals.poke()
-
-    def run_forever(self) -> None:
-        self._signals.install()
-        try:
-            while not (self._signals.stop or self._stop.is_set()):
-                self._signals.wait(0.5)
-                if self._signals.stop:
-                    break
-                if self._signals.take_reload():
-                    self.reload()
-        finally:
-            self.stop()
-
     def stop(self) -> None:
         self._stop.set()
         self.supervisor.stopping()
