@@ -18,7 +18,6 @@ from agent.commands import (
     SnapshotRequest,
 )
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
-from agent.discovery import node_filter
 from agent.events import CameraEvents, analytics_settings, track_floor
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
@@ -167,27 +166,9 @@ class Agent(DeviceOwner):
         )
 
     # ---- start -------------------------------------------------------------------------------
-    def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
-        if not cfg.mqtt.enabled:
-            return None
-        client = MqttClient.from_config(
-            cfg.mqtt,
-            topics,
-            birth=self._status_fields,
-            offline=self._offline_fields,
-            quiet=self._quiet_mqtt,
-            commands=self.commands,
-            answer=self._publish_answer,
-            shard=None if self.shard is None else self.shard.index,
-        )
-        if self.shard is not None:
-            return client  # discovery and stale zone states: the supervisor knows every camera
-        client.watch(node_filter(cfg), self._on_discovery_config)
-        for region_filter in topics.regions_filter():
-            client.watch(region_filter, self._on_region_state)
-        return client
+    def _shard_index(self) -> int | None:
+        return None if self.shard is None else self.shard.index
 
-    # ---- Home Assistant discovery (agent.discovery) ------------------------------------------------
     def _on_region_state(self, topic: str, body: bytes) -> None:
         """A retained zone or line state that no camera publishes now (a zone removed while the agent was
         stopped): delete it. Network thread."""

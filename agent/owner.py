@@ -16,7 +16,7 @@ from pathlib import Path
 from agent import __version__
 from agent.commands import Answer, CommandError, RebuildRequest, ReloadRequest
 from agent.config import AgentConfig, ConfigError, load_config
-from agent.discovery import discovery_messages, removed_topics, stale_topics
+from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt import MqttClient, MqttError
 from agent.preflight import preflight
 from agent.reload import ReloadPlan, plan_reload
@@ -39,6 +39,7 @@ class DeviceOwner:
     _reload_lock: threading.Lock
     last_reload: dict | None
     reload_note = ""  # the last reload's failure, kept in STATUS until a reload succeeds
+    _quiet_mqtt = False  # the demo: connection trouble at DEBUG (a broker may simply not exist)
 
     # ---- hooks -----------------------------------------------------------------------------------
     def _cameras_total(self) -> int:
@@ -63,9 +64,41 @@ class DeviceOwner:
     def _owns_device(self) -> bool:
         return True
 
+    def _shard_index(self) -> int | None:
+        return None
+
+    def _status_fields(self) -> dict:
+        raise NotImplementedError
+
+    def _on_region_state(self, topic: str, body: bytes) -> None:
+        raise NotImplementedError
+
     def _status_extra(self) -> str:
         """What STATUS= adds after the cameras and models (agent.supervisor)."""
         return self.reload_note
+
+    # ---- the MQTT client ----------------------------------------------------------------------------
+    def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
+        """The client for `cfg` (not started). A shard's has no will, status or commands (agent.mqtt) and
+        watches nothing: discovery and stale zone states are the owner's, who knows every camera."""
+        if not cfg.mqtt.enabled:
+            return None
+        shard = self._shard_index()
+        client = MqttClient.from_config(
+            cfg.mqtt,
+            topics,
+            birth=self._status_fields,
+            offline=self._offline_fields,
+            quiet=self._quiet_mqtt,
+            commands=self.commands,  # type: ignore[attr-defined]
+            answer=self._publish_answer,
+            shard=shard,
+        )
+        if shard is None:
+            client.watch(node_filter(cfg), self._on_discovery_config)
+            for region_filter in topics.regions_filter():
+                client.watch(region_filter, self._on_region_state)
+        return client
 
     # ---- status and answers ------------------------------------------------------------------------
     def _offline_fields(self, reason: str) -> dict:

@@ -38,7 +38,13 @@ def retained_configs(port: int) -> dict[str, dict]:
 
     sub = Subscriber(port, "homeassistant/#")
     try:
+        # Retained messages arrive in a burst: until none came for 0.5 s (at least 0.7 s, at most 5 s); a
+        # fixed 0.7 s missed some on a loaded machine.
         time.sleep(0.7)
+        deadline, seen = time.monotonic() + 5.0, -1
+        while time.monotonic() < deadline and len(sub.snapshot()) != seen:
+            seen = len(sub.snapshot())
+            time.sleep(0.5)
         return {t: json.loads(p) for t, p, r in sub.snapshot() if r and p}
     finally:
         sub.close()

@@ -30,7 +30,6 @@ import numpy as np
 from agent import __version__
 from agent.commands import CommandError, CommandRouter, SnapshotRequest
 from agent.config import AgentConfig
-from agent.discovery import node_filter
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
 from agent.owner import DeviceOwner
@@ -127,22 +126,6 @@ class ShardedAgent(DeviceOwner):
         )
 
     # ---- start ---------------------------------------------------------------------------------------
-    def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
-        if not cfg.mqtt.enabled:
-            return None
-        client = MqttClient.from_config(
-            cfg.mqtt,
-            topics,
-            birth=self._status_fields,
-            offline=self._offline_fields,
-            commands=self.commands,
-            answer=self._publish_answer,
-        )
-        client.watch(node_filter(cfg), self._on_discovery_config)
-        for region_filter in topics.regions_filter():
-            client.watch(region_filter, self._on_region_state)
-        return client
-
     def start(self) -> None:
         self._signals.install()
         log.info(
