@@ -195,7 +195,7 @@ def test_preflight_checks_zone_and_line_labels_against_the_model() -> None:
         },
         "cameras": {
             "gate": {
-                "url": "/v.mp4",
+                "url": str(ASSETS / "bikes.mp4"),
                 "model": "d",
                 "zones": {"z": {"polygon": SQUARE, "labels": ["person", "unicorn"]}},
                 "lines": {"l": {"points": [[0, 0], [1, 1]], "labels": ["dragon"]}},
