@@ -222,6 +222,7 @@ class Installer:
         self._mkdir(etc, 0o750, ids)
         self._write(self.path(CONFIG), example_config(), 0o640, ids, keep=True)
         self._write(self.path(ENV_FILE), ENV_TEXT, 0o640, ids, keep=True)
+        self._state_dir(ids)
         unit = self.path(f"/etc/systemd/system/{UNIT_NAME}")
         self._mkdir(unit.parent, 0o755, None)
         self._write(unit, render_unit(self.executable), 0o644, None, keep=False)
@@ -319,6 +320,19 @@ class Installer:
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(mode)
         self._own(path, ids)
+
+    def _state_dir(self, ids: tuple[int, int] | None) -> None:
+        """/var/lib/edge-agent as the unit's StateDirectory= makes it at the first start (0750, the service
+        user's), made now: `--check-config` run as the service user before that start checks engine_dir
+        under it (it must be creatable and writable) and would be refused otherwise."""
+        state = self.path("/var/lib/edge-agent")
+        self.say(f"dir  {state} (750 {self.user if ids else 'root'}:{self.user if ids else 'root'})")
+        if self.dry_run:
+            return
+        state.mkdir(parents=True, exist_ok=True)
+        state.chmod(0o750)
+        if ids is not None and os.geteuid() == 0:
+            os.chown(state, ids[0], ids[1])
 
     def _write(self, path: Path, text: str, mode: int, ids: tuple[int, int] | None, keep: bool) -> None:
         if keep and path.exists():

@@ -163,6 +163,7 @@ def test_the_service_under_real_systemd(tmp_path: Path, mqtt_broker: Broker, mqt
             hung_backend(svc)
             kill_9(svc)
             exposure = security(svc)
+            shards_under_systemd(svc)
             stop_s = stop(svc)
         finally:  # for a failure's post-mortem: the booted system's whole journal, kept with the test's files
             journal = system.run("journalctl", "--no-pager", "-o", "short-monotonic", check=False).stdout
@@ -349,6 +350,33 @@ def security(svc: Service) -> str:
     exposure = re.search(r"Overall exposure level for edge-agent\.service: (\d+\.\d+)", out)
     assert exposure and float(exposure.group(1)) <= 2.0, out[-3000:]
     return exposure.group(1)
+
+
+def shards_under_systemd(svc: Service) -> None:
+    """pipeline.shards: 2 (a restart): READY from the supervisor, journald records with SHARD=, a shard
+    killed with -9 restarted by the supervisor while the service (its MainPID) stays as it is."""
+    path = svc.system.path(CONFIG)
+    path.write_text(path.read_text() + "\npipeline:\n  shards: 2\n")
+    mark = svc.mark()
+    svc.system.systemctl("restart", "edge-agent")
+    two = lambda p: p.get("state") == "online" and (p.get("shards") or {}).get("running") == 2  # noqa: E731
+    svc.wait_published(mark, "/status", two, 60, "online with two shards")
+    svc.until(lambda: svc.prop("ActiveState") == "active", 30, "active (READY) with shards")
+    main, restarts = svc.main_pid, svc.prop("NRestarts")
+    for k in ("0", "1"):
+        svc.until(lambda k=k: svc.journal(f"SHARD={k}"), 20, f"journal records with SHARD={k}")
+    children = svc.system.run("pgrep", "-P", str(main)).stdout.split()
+    assert len(children) >= 2, children
+    mark = svc.mark()
+    svc.system.run("kill", "-9", children[0])
+    restarted = lambda p: (p.get("shards") or {}).get("restarts", 0) >= 1  # noqa: E731
+    svc.wait_published(mark, "/status", restarted, 30, "a shard restart in the status")
+    svc.wait_published(mark, "/status", two, 60, "both shards running again")
+    assert svc.show("MainPID", "NRestarts", "ActiveState") == {
+        "MainPID": str(main),
+        "NRestarts": restarts,
+        "ActiveState": "active",
+    }
 
 
 def stop(svc: Service) -> float:
