@@ -98,3 +98,26 @@ def test_remote_tap_ends_when_the_shard_goes() -> None:
     t.join(5)
     stop.set()
     assert ended == [0]
+
+
+def test_a_shard_that_dies_before_a_word_ends_the_start_wait(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A shard process that exits before saying started or failed (an import error, a crash at init) must
+    not leave the supervisor's start-up waiting: its first outcome is set, with the reason."""
+    import sys
+
+    from agent.shards import host as host_mod
+
+    real_popen = host_mod.subprocess.Popen
+
+    def fake_popen(argv, **kw):  # type: ignore[no-untyped-def]
+        return real_popen([sys.executable, "-c", "import sys; sys.exit(7)"], **kw)
+
+    monkeypatch.setattr(host_mod.subprocess, "Popen", fake_popen)
+    host = ShardHost(0, None, None, "info", _Events(), RestartConfig(min_s=0.2, max_s=0.2))  # type: ignore[arg-type]
+    host.start()
+    try:
+        assert host.first_outcome.wait(10)
+        assert host.state != "running"
+        assert host.failure == "exited before it started (exited with status 7)"
+    finally:
+        host.stop(timeout=5)

@@ -8,6 +8,7 @@ starts it again with its current part of the config.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -129,7 +130,8 @@ class ShardHost:
         finally:
             theirs.close()  # ours alone: recv() ends (EOFError) when the child's end goes with its process
         conn = Connection(ours.detach())
-        conn.send(("shard", self.index, self.part, self._level))
+        with contextlib.suppress(OSError):  # it died at once: _life reads EOF, reaps it and says why
+            conn.send(("shard", self.index, self.part, self._level))
         return proc, conn
 
     def _life(self) -> None:
@@ -141,6 +143,8 @@ class ShardHost:
             except Exception as exc:  # e.g. out of processes: counts as a failed start
                 log.error("shard %d: cannot start a process: %s", self.index, exc or repr(exc))
                 self.last_exit = f"cannot start: {exc or repr(exc)}"
+                self.failure = self.failure or self.last_exit
+                self.first_outcome.set()
             else:
                 self.pid = self._proc.pid
                 self._read(self._conn)
@@ -148,6 +152,9 @@ class ShardHost:
                     self._proc.kill()
                     _reaped(self._proc, 5.0)
                 self.last_exit = exit_reason(self._proc.returncode)
+                if not self.first_outcome.is_set():  # gone before a word (an import error, a crash at init)
+                    self.failure = self.failure or f"exited before it started ({self.last_exit})"
+                    self.first_outcome.set()
                 self._conn.close()
             self._fail_pending("shard stopped")
             if self._stopping.is_set():
