@@ -500,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
+
+    from agent.lifecycle.engine_cli import add_parsers as add_engine_parsers
+
+    add_engine_parsers(sub, LOG_LEVELS)  # `build` and `engines list|show|rollback|prune` (no agent.yaml)
     return p
 
 

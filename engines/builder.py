@@ -17,6 +17,7 @@ machine can see it: engines.runtimes.trt_layers.build_layer_summary).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import hashlib
@@ -392,18 +393,21 @@ def build(
     lock_wait_s: float | None = 0.0,
     calibration_batches: BatchSource | None = None,
     device_allocator: Allocator | None = None,
+    locked: bool = False,
 ) -> BuildResult:
     """Build (or confirm) the engine of `model`. See the module docstring.
 
     Calibrated INT8 (weakly typed TensorRT): `calibration_batches` is an iterable of float32 NCHW arrays
     (or a callable returning one), else settings.calibration_data is read; neither is needed when the
     stored calibration cache matches. `device_allocator` replaces cuda-python's cudaMalloc (tests).
+    `locked`: the caller holds the model's build lock (store.lock) for longer than this build - a whole
+    job: gate and build - so none is taken here; otherwise it is taken for the build (`lock_wait_s`).
     """
     progress = on_progress or _noop
     api = api or import_trt()
     require_precision(api, settings.precision, f"model {model!r}")  # before check(): clear refusals
     fp = fingerprint or probe_fingerprint(api, target_compute_capability=settings.target_compute_capability)
-    with store.lock(model, wait_s=lock_wait_s):
+    with contextlib.nullcontext() if locked else store.lock(model, wait_s=lock_wait_s):
         stale = store.clean_stale(model)
         if stale:
             log.info(

@@ -141,14 +141,21 @@ def start_child(
     request: dict[str, Any],
     on_event: Callable[[Event], None] | None,
     extra_env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> ChildProcess:
-    """Start `argv` (a Python child speaking this protocol) and hand it `request` as JSON on stdin."""
+    """Start `argv` (a Python child speaking this protocol) and hand it `request` as JSON on stdin.
+    `pass_fds`: descriptors the child inherits (the model's build lock its parent holds)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     env[PARENT_ENV] = str(os.getpid())
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        pass_fds=pass_fds,
     )
     assert proc.stdin is not None
     try:

@@ -34,10 +34,13 @@ def store_engine(
     fp: Fingerprint,
     plan: bytes = fake_tensorrt.PLAN_MAGIC,
     profiles_per_context: Any = _MISSING,
+    lock: bool = True,
     **build: Any,
 ) -> Manifest:
     """Store `plan` as the engine `settings` ask for on `fp`. profiles_per_context: the builder's
-    (profiles / contexts) unless given; None leaves the field out (an engine built before it existed)."""
+    (profiles / contexts) unless given; None leaves the field out (an engine built before it existed).
+    lock: take the model's build lock (False: the caller holds it, as a job child whose parent handed
+    it down)."""
     spec = build_spec(settings, fp)
     per_context = (
         len(spec.profiles) // settings.contexts if profiles_per_context is _MISSING else profiles_per_context
@@ -58,5 +61,7 @@ def store_engine(
         **({} if per_context is None else {"profiles_per_context": per_context}),
         **build,
     }
+    if not lock:
+        return store.write(model, spec.key, plan, Manifest(spec.fingerprint.manifest_dict(), record))
     with store.lock(model):
         return store.write(model, spec.key, plan, Manifest(spec.fingerprint.manifest_dict(), record))

@@ -84,13 +84,20 @@ class Daemon:
 
     def _build(self, request: JobRequest, n: int) -> dict[str, Any]:
         """What the job's builder does: nothing when the stored engine fits (unless forced), else a new
-        plan (its bytes differ per build) under the configured key."""
+        plan (its bytes differ per build) under the configured key, under the lock the manager holds for
+        the whole job and hands down (request.lock_fd)."""
         settings = request.model.build_settings("fp32")
         now = check(self.store, MODEL, settings, self.fp)
         if now.ok and not request.force:
             return JobResult(True, request.precision, "fp32", False, now.key, message="up to date").to_event()
+        assert request.lock_fd is not None
         m = store_engine(
-            self.store, MODEL, settings, self.fp, plan=fake_tensorrt.PLAN_MAGIC + b"build %d" % n
+            self.store,
+            MODEL,
+            settings,
+            self.fp,
+            plan=fake_tensorrt.PLAN_MAGIC + b"build %d" % n,
+            lock=False,
         )
         return JobResult(
             True, request.precision, "fp32", True, m.key, str(m.path), 0.01, "built", now.reasons

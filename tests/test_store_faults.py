@@ -7,7 +7,8 @@ Real files, real TensorRT-RTX builds of the bundled NanoDet (CPU, ahead of time)
 - SIGKILL of a forced rebuild at random points, in a builder child and through `edge-agent rebuild`;
 - an exception between plan and manifest (monkeypatched write).
 After each: the previous engine is listed, its plan verifies (read_plan), check() says ok, and the next
-build leaves no orphan plan or temp file.
+build leaves no orphan plan or temp file: only the new plan and the one it replaced, kept as the key's
+previous plan (rollback) until pruned.
 """
 
 from __future__ import annotations
@@ -136,20 +137,35 @@ def assert_serves(store: EngineStore, settings: BuildSettings, fp, key: str, sha
 
 
 def leftovers(store: EngineStore) -> list[str]:
-    """Plan files no manifest points at, and temp files, in the model and timing dirs."""
+    """Plan files neither a manifest nor a kept previous record points at, previous records that keep
+    nothing, and temp files, in the model and timing dirs."""
     referenced = {store.plan_path_for(MODEL, m).name for m in store.entries(MODEL)}
+    kept = [p for m in store.entries(MODEL) if (p := store.previous(MODEL, m.key)) is not None]
+    referenced |= {p.plan.name for p in kept} | {p.record.name for p in kept}
     names = [p.name for p in store.model_dir(MODEL).iterdir()]
     if store.timing_dir.is_dir():
         names += [p.name for p in store.timing_dir.iterdir()]
-    return sorted(n for n in names if TMP_MARK in n or (n.endswith(".plan") and n not in referenced))
+    return sorted(
+        n for n in names if TMP_MARK in n or (n.endswith((".plan", ".prev")) and n not in referenced)
+    )
 
 
 def assert_clean_after_next_build(store: EngineStore, settings: BuildSettings, fp, api) -> None:
     # A killed CLI's job child dies with it (PR_SET_PDEATHSIG) and its lock goes a moment later.
+    before = store.plan_path(MODEL, current(store)[0])
     res = build(store, MODEL, settings, api=api, fingerprint=fp, force=True, lock_wait_s=10)
     assert res.built
     assert leftovers(store) == []
-    assert sorted(p.name for p in store.model_dir(MODEL).glob("*.plan")) == [res.plan_path.name]
+    # The plan the build replaced is kept (intact) as the key's previous plan, and nothing else.
+    previous = store.previous(MODEL, res.key)
+    assert (
+        previous is not None
+        and previous.plan == before
+        and sha256_file(before) == previous.manifest.build["plan_sha256"]
+    )
+    assert sorted(p.name for p in store.model_dir(MODEL).glob("*.plan")) == sorted(
+        [res.plan_path.name, before.name]
+    )
     assert_serves(store, settings, fp, res.key, res.manifest.build["plan_sha256"])
 
 
@@ -172,7 +188,10 @@ def test_manifest_write_failure_keeps_previous_engine(
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
             raise RuntimeError("interrupted between plan and manifest")
         real_write(path, data)
-        written.append(path)
+        if path.suffix == ".prev":  # the manifest being replaced, recorded as previous first
+            assert written and written[-1].suffix == ".plan"
+        else:
+            written.append(path)
 
     monkeypatch.setattr(store_mod, "atomic_write_bytes", failing_write)
     if fault == "enospc":
@@ -186,8 +205,9 @@ def test_manifest_write_failure_keeps_previous_engine(
             build(store, MODEL, settings, api=api, fingerprint=fp, force=True)
     new_plan = written[-1]
     assert new_plan.name != plan_file_name(key, sha)  # RTX plans differ per build (not same bytes)
-    # The new plan is removed at once; the old engine is current, intact, and nothing is left over.
-    assert not new_plan.exists()
+    # The new plan (and the previous record written for it) is removed at once; the old engine is current,
+    # intact, and nothing is left over.
+    assert not new_plan.exists() and not list(store.model_dir(MODEL).glob("*.prev"))
     assert_serves(store, settings, fp, key, sha)
     assert leftovers(store) == []
     monkeypatch.undo()
@@ -228,7 +248,8 @@ def test_clean_stale_removes_orphans_only(tmp_path, template):
 
 def test_legacy_layout_reads_and_rebuild_moves_to_hashed_name(tmp_path, template, settings, fp, api):
     """An installation from before hash-named plans (`{key}.plan`) keeps serving; a forced rebuild
-    writes the hashed name and removes the legacy file only after the new manifest is in place."""
+    writes the hashed name and keeps the legacy file as the key's previous plan (rollback finds it),
+    until pruned."""
     store = copy_store(template, tmp_path / "engines")
     key, sha = current(store)
     d = store.model_dir(MODEL)
@@ -238,7 +259,14 @@ def test_legacy_layout_reads_and_rebuild_moves_to_hashed_name(tmp_path, template
     res = check(store, MODEL, settings, fp)
     assert res.ok and res.plan_path == d / f"{key}.plan"
     assert_clean_after_next_build(store, settings, fp, api)
-    assert not (d / f"{key}.plan").exists()
+    previous = store.previous(MODEL, key)
+    assert previous is not None and previous.plan == d / f"{key}.plan"
+    with store.lock(MODEL):
+        assert store.rollback(MODEL, key)[0].build["plan_sha256"] == sha  # the legacy plan serves again
+        assert store.plan_path(MODEL, key) == d / f"{key}.plan" and current(store) == (key, sha)
+        store.rollback(MODEL, key)
+        store.prune_previous(MODEL)
+    assert not (d / f"{key}.plan").exists() and leftovers(store) == []
 
 
 # --- a full disk -----------------------------------------------------------------------------
@@ -444,8 +472,10 @@ def test_sigkill_at_each_step_of_the_store_write(tmp_path, template, settings, f
         assert (
             new_sha == sha and len(left) == 1 and left[0].startswith(f"{key}-") and left[0].endswith(".plan")
         )
-    else:  # the new engine is current; the previous plan is the orphan
-        assert new_sha != sha and left == [plan_file_name(key, sha)]
+    else:  # the new engine is current; the previous plan is kept as the key's previous (no orphan)
+        assert new_sha != sha and left == []
+        previous = store.previous(MODEL, key)
+        assert previous is not None and previous.plan.name == plan_file_name(key, sha)
     assert_clean_after_next_build(store, settings, fp, api)
 
 

@@ -2,9 +2,11 @@
 
 check: exit 0 when every TensorRT model has a fitting engine, 1 when one needs a rebuild (or is missing),
 2 on errors (no TensorRT, unreadable ONNX, unusable engine_dir). Read-only: never quantises or converts.
-rebuild: captures the frames the gate needs when there are none (from the cameras: no daemon pipeline
-here), then runs the same child job as the daemon, under the model's build lock (`--wait` seconds for
-it); a running daemon picks the new engine up by itself.
+rebuild: takes the model's build lock (`--wait` seconds for it; refused at once naming the holder's pid,
+start and command otherwise), captures the frames the gate needs when there are none (from the cameras:
+no daemon pipeline here), then runs the same child job as the daemon, handing it the lock: one rebuild
+per model at a time over the whole job, gate and build. A running daemon picks the new engine up by
+itself. Progress (agent.lifecycle.progress) goes to stderr: a bar on a terminal, a few lines piped.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from agent.lifecycle.calibration import (
     load_calibration_set,
 )
 from agent.lifecycle.gate import format_report, run_gate, write_report
-from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_job
+from agent.lifecycle.job import JobRequest, JobResult, job_command, resolved_settings, start_job
 from agent.lifecycle.model import ModelContext
+from agent.lifecycle.progress import JobProgress
 from agent.lifecycle.serving import EngineTarget, engine_target
 from engines.compat import check
 from engines.errors import EngineError
+from engines.lock import BuildLock
 from engines.plan import needs_calibration_frames, needs_gate, plan_steps
 from engines.runtimes.base import BackendError
 from engines.store import EngineStore
@@ -81,42 +85,6 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     return worst
 
 
-class _Progress:
-    """A tqdm bar on stderr that follows the job's phases (capture, gate, parse, TensorRT's own, save)."""
-
-    def __init__(self, name: str) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(
-            total=1,
-            desc=f"{name}: start",
-            file=sys.stderr,
-            leave=False,
-            disable=not sys.stderr.isatty(),
-            bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]",
-        )
-        self._name = name
-        self._phase = ""
-        self._shown = 0.0
-
-    def __call__(self, ev: dict[str, Any]) -> None:
-        if ev.get("event") != "progress":
-            return
-        phase, step, total = str(ev.get("phase")), int(ev.get("step") or 0), int(ev.get("total") or 1)
-        new_phase = phase != self._phase
-        self._phase = phase
-        self._bar.set_description_str(f"{self._name}: {phase}", refresh=False)
-        self._bar.total = max(1, total)
-        self._bar.n = min(step, self._bar.total)
-        now = time.monotonic()
-        if new_phase or now - self._shown >= 0.1:  # TensorRT reports hundreds of steps a second
-            self._shown = now
-            self._bar.refresh()
-
-    def close(self) -> None:
-        self._bar.close()
-
-
 def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> None:
     """The frames the gate (and INT8) need: captured from the cameras or folder when missing."""
     counts = frames_to_capture(ctx, calibration)
@@ -124,8 +92,15 @@ def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> No
         return
     what = "calibration + held-out" if calibration else "held-out (gate)"
     print(f"{ctx.name}: capturing {what} frames", file=sys.stderr)
-    capture_calibration_set(
+    t0 = time.monotonic()
+    cset = capture_calibration_set(
         cfg, ctx.name, samples=counts[0], held_out=counts[1], progress=sys.stderr.isatty()
+    )
+    m = cset.manifest
+    print(
+        f"{ctx.name}: captured {m['samples']} calibration + {m['held_out_count']} held-out frames "
+        f"in {time.monotonic() - t0:.1f} s -> {cset.directory}",
+        file=sys.stderr,
     )
 
 
@@ -144,22 +119,45 @@ def run_rebuild(
             print(f"{ctx.name}: skipped ({target.note})")
             continue
         requested = precision or ctx.cfg.precision
-        steps = plan_steps(requested, target.api)
         try:
-            if needs_gate(steps):
-                _ensure_frames(cfg, ctx, needs_calibration_frames(steps))
-        except (CalibrationError, ConfigError, OSError) as exc:
+            lock = EngineStore(cfg.engine_dir).lock(
+                ctx.name,
+                wait_s=wait_s,
+                command=job_command(ctx.name, requested),
+                on_wait=lambda holder, name=ctx.name: print(
+                    f"{name}: waiting up to {wait_s:g} s for another build ({holder})", file=sys.stderr
+                ),
+            )
+            with lock:  # the whole job: frames, gate, build (the child inherits the lock)
+                result = _rebuild_locked(cfg, ctx, target, requested, force, lock)
+        except EngineError as exc:  # the lock is held by another build (or cannot be taken)
             print(f"{ctx.name}: {exc}", file=sys.stderr)
             rc = 2
             continue
-        progress = _Progress(ctx.name)
-        try:
-            handle = start_job(JobRequest(ctx, requested, force, wait_s, __version__), progress)
-            result = JobResult.from_event(handle.wait())
-        finally:
-            progress.close()
+        if result is None:
+            rc = 2
+            continue
         rc = max(rc, _print_result(ctx.name, requested, result))
     return rc
+
+
+def _rebuild_locked(
+    cfg: AgentConfig, ctx: ModelContext, target: EngineTarget, requested: str, force: bool, lock: BuildLock
+) -> JobResult | None:
+    """Frames (when missing), then the job with the lock handed down; None after a capture error."""
+    steps = plan_steps(requested, target.api)
+    try:
+        if needs_gate(steps):
+            _ensure_frames(cfg, ctx, needs_calibration_frames(steps))
+    except (CalibrationError, ConfigError, OSError) as exc:
+        print(f"{ctx.name}: {exc}", file=sys.stderr)
+        return None
+    progress = JobProgress(ctx.name)
+    try:
+        request = JobRequest(ctx, requested, force, 0.0, __version__, lock_fd=lock.fd)
+        return JobResult.from_event(start_job(request, progress).wait())
+    finally:
+        progress.close()
 
 
 def _print_result(name: str, requested: str, result: JobResult) -> int:

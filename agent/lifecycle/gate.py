@@ -10,6 +10,9 @@ built from (FP16 ONNX, or the INT8 Q/DQ ONNX calibrated on the calibration split
 run: ONNX Runtime here (`ort_factory`), a TensorRT runtime on a device (pass another BackendFactory).
 Both use the inference adapter, the model's camera score threshold and its NMS IoU. The metric is
 pipelines.agreement.detection_agreement; the gate passes when map50 >= accuracy_gate.min_agreement.
+A Gate given `progress(phase, step, total)` reports as it goes: "accuracy gate fp16: fp32 reference"
+and "...: candidate" frame by frame (batch by batch), "...: calibrate" per calibration frame quantised,
+"...: convert graph" around the FP16 conversion.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 
 # (candidate ONNX path, precision) -> an unloaded Backend that runs it.
 BackendFactory = Callable[[Path, str], Backend]
+Progress = Callable[[str, int, int], None]  # (phase, step, total)
 INFER_BATCH = 8
 # The candidate is decoded down to this fraction of the reference's score threshold. mAP ranks the
 # candidate's detections; cutting them at exactly the deployment threshold turns tiny score jitter of
@@ -141,11 +145,13 @@ def candidate_model(
     percentile: float = PERCENTILE,
     adapter: ModelAdapter | None = None,
     fold: bool = False,
+    progress: Progress | None = None,
+    phase: str = "",
 ) -> Candidate:
     """The ONNX an engine of `precision` is built from; derived ones are cached in the calibration dir.
 
     fp32: the configured ONNX. fp16: engines.precision.convert_fp16. int8: engines.quantize Q/DQ,
-    calibrated on the calibration split only.
+    calibrated on the calibration split only. `progress`: reported under `phase` (see Gate).
     """
     mcfg = ctx.cfg
     if precision == "fp32":
@@ -156,15 +162,22 @@ def candidate_model(
     if info is not None:
         return Candidate(precision, method if precision == "int8" else None, path, info)
     path.parent.mkdir(parents=True, exist_ok=True)
+    report = progress or (lambda _phase, _step, _total: None)
     if precision == "fp16":
+        report(f"{phase}convert graph", 0, 1)
         atomic_write_bytes(path, convert_fp16(mcfg.onnx))
         info = {"sha256": sha256_of(path)}
+        report(f"{phase}convert graph", 1, 1)
     else:
         t0 = time.monotonic()
+        total = len(cset.calibration_paths)
+        report(f"{phase}calibrate", 0, total)
         info = make_qdq_onnx(
             mcfg.onnx,
             path,
-            calibration_batches(cset, adapter or model_adapter(ctx)),
+            _counted(
+                calibration_batches(cset, adapter or model_adapter(ctx)), f"{phase}calibrate", total, report
+            ),
             method,  # type: ignore[arg-type]
             exclude_nodes,
             percentile,
@@ -173,6 +186,17 @@ def candidate_model(
         info["quantize_s"] = round(time.monotonic() - t0, 2)
     _write_json(path.with_suffix(".json"), {"inputs": want, "info": info})
     return Candidate(precision, method if precision == "int8" else None, path, info)
+
+
+def _counted(
+    batches: Iterator[np.ndarray], phase: str, total: int, progress: Progress
+) -> Iterator[np.ndarray]:
+    """`batches`, reporting the frames handed out so far."""
+    done = 0
+    for batch in batches:
+        yield batch
+        done += int(batch.shape[0])
+        progress(phase, min(done, total), total)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -188,8 +212,10 @@ def detect(
     images: list[np.ndarray],
     score_threshold: float,
     iou_threshold: float,
+    on_frames: Callable[[int], None] | None = None,
 ) -> tuple[list[Detections], float]:
-    """Detections per image and the mean inference time per frame in ms (preprocess excluded)."""
+    """Detections per image and the mean inference time per frame in ms (preprocess excluded).
+    `on_frames(n)`: called after each batch with the frames done so far."""
     out: list[Detections] = []
     infer_s = 0.0
     step = min(INFER_BATCH, backend.max_batch)
@@ -199,13 +225,17 @@ def detect(
         outputs = backend.infer(batch)
         infer_s += time.perf_counter() - t0
         out.extend(adapter.postprocess(outputs, boxes, score_threshold, iou_threshold))
+        if on_frames is not None:
+            on_frames(len(out))
     return out, 1000.0 * infer_s / max(1, len(images))
 
 
-def _run(backend: Backend, *args: Any) -> tuple[list[Detections], float]:
+def _run(
+    backend: Backend, *args: Any, on_frames: Callable[[int], None] | None = None
+) -> tuple[list[Detections], float]:
     backend.load()
     try:
-        return detect(backend, *args)
+        return detect(backend, *args, on_frames=on_frames)
     finally:
         backend.close()
 
@@ -333,6 +363,7 @@ class Gate:
         score_threshold: float | None = None,
         min_agreement: float | None = None,
         candidate_slack: float = CANDIDATE_SLACK,
+        progress: Progress | None = None,
     ) -> None:
         if not 0.0 < candidate_slack <= 1.0:
             raise ValueError(f"candidate_slack must be in (0, 1], got {candidate_slack}")
@@ -346,12 +377,22 @@ class Gate:
         self.adapter = model_adapter(ctx)
         self.images = list(read_frames(cset.held_out_paths))
         self._reference: tuple[list[Detections], float] | None = None
+        self._progress = progress
+        self._phase = "accuracy gate"
+
+    def _frames(self, phase: str) -> Callable[[int], None] | None:
+        """A detect() callback reporting `phase` frame by frame (None without a progress callback)."""
+        progress, total = self._progress, len(self.images)
+        if progress is None:
+            return None
+        progress(phase, 0, total)
+        return lambda n: progress(phase, n, total)
 
     def reference(self) -> tuple[list[Detections], float]:
         if self._reference is None:
             backend = ort_factory(self.ctx.cfg.threads.intra)(self.ctx.cfg.onnx, "fp32")
             args = (self.adapter, self.images, self.score_threshold, self.ctx.cfg.iou_threshold)
-            self._reference = _run(backend, *args)
+            self._reference = _run(backend, *args, on_frames=self._frames(f"{self._phase}: fp32 reference"))
         return self._reference
 
     def candidate(self, step: Step) -> Candidate:
@@ -364,6 +405,8 @@ class Gate:
             self._percentile,
             self.adapter,
             step.folded,
+            self._progress,
+            f"{self._phase}: ",
         )
 
     def evaluate(self, step: Step, backend: Backend | None = None) -> GateEntry:
@@ -373,16 +416,18 @@ class Gate:
         entry = GateEntry(prec, False, method=self.method if prec == "int8" else None, folded=step.folded)
         if backend is not None:
             entry.runtime = "tensorrt" if backend.name.startswith("tensorrt") else backend.name
+        self._phase = f"accuracy gate {step.label}" + (" [engine]" if backend is not None else "")
         try:
             reference, ref_ms = self.reference()
             cand = self.candidate(step)
             args = (self.adapter, self.images, self.score_threshold * self.slack, self.ctx.cfg.iou_threshold)
             if backend is not None:
-                dets, ms = detect(backend, *args)
+                dets, ms = detect(backend, *args, on_frames=self._frames(f"{self._phase}: candidate"))
             elif prec == "fp32":
                 dets, ms = reference, ref_ms  # the reference itself
             else:
-                dets, ms = _run(ort_factory(self.ctx.cfg.threads.intra)(cand.onnx, prec), *args)
+                backend_ = ort_factory(self.ctx.cfg.threads.intra)(cand.onnx, prec)
+                dets, ms = _run(backend_, *args, on_frames=self._frames(f"{self._phase}: candidate"))
             agreement = detection_agreement(reference, dets)
         except (EngineError, BackendError, OSError) as e:
             entry.reason = f"{step.label}: could not be evaluated: {e}"

@@ -14,6 +14,12 @@ follows engines.plan.plan_steps from the requested precision down:
 A step failing any of these gives way to the next; a folded INT8 step runs only when the unfolded build
 failed. The gate report (which steps were tried, why they failed) goes next to the calibration set and
 into the engine manifest's `validation`.
+
+One job per model at a time, gate and build alike: the model's build lock (engines.lock) is held for the
+whole job. The parent (CLI or daemon) normally takes it before it captures frames and hands it down
+(`lock_fd`, inherited with pass_fds: parent and child hold it together until both are done); a request
+without one makes the child take it itself, waiting `lock_wait_s`. Progress events cover the gate too:
+the FP32 reference and the candidate frame by frame, INT8 calibration batch by batch.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from engines.builder import BuildResult, build
 from engines.buildproc import ChildProcess, Event, die_with_parent, failure, json_lines_stdout, start_child
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
+from engines.lock import process_command
 from engines.plan import Step, check_precision, needs_gate, plan_steps
 from engines.runtimes.base import BackendError
 from engines.runtimes.tensorrt import TensorRTBackend
@@ -60,6 +67,7 @@ class JobRequest:
     force: bool = False
     lock_wait_s: float | None = 0.0  # the model's build lock: 0 = fail at once if held, None = forever
     agent_version: str = __version__
+    lock_fd: int | None = None  # the parent holds the model's build lock and handed it down on this fd
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "model": self.model.to_json()}
@@ -71,12 +79,14 @@ class JobRequest:
             raise ConfigError("job request: not a JSON object")
         try:
             wait = d.get("lock_wait_s", 0.0)
+            fd = d.get("lock_fd")
             return cls(
                 ModelContext.from_json(d["model"]),
                 check_precision(str(d["precision"]), "job request: precision"),
                 bool(d.get("force", False)),
                 None if wait is None else float(wait),
                 str(d.get("agent_version", "unknown")),
+                None if fd is None else int(fd),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"job request: {exc}") from None
@@ -206,8 +216,8 @@ class _Run:
             force=self.req.force,
             on_progress=self.progress,
             agent_version=self.req.agent_version,
-            lock_wait_s=self.req.lock_wait_s,
             calibration_batches=batches,
+            locked=True,  # run_job holds the model's lock for the whole job
         )
 
     def engine_gate(self, step: Step, key: str) -> GateEntry | None:
@@ -232,19 +242,31 @@ class _Run:
 
 
 def run_job(req: JobRequest, emit: Emit) -> JobResult:
-    """Walk the plan; returns the result (never raises for expected failures: they are in `error`)."""
+    """Walk the plan under the model's build lock (the parent's, handed down, or taken here); returns the
+    result (never raises for expected failures: they are in `error`)."""
     ctx, requested = req.model, req.precision
     try:
-        api = import_trt(ctx.trt_flavor)
-        fp = probe_fingerprint(api, target_compute_capability=ctx.cfg.engine.target_compute_capability)
-        run = _Run(req, api, fp, EngineStore(ctx.engine_dir), emit)
-        steps = plan_steps(requested, api)
-        if needs_gate(steps):
-            run.cset = load_calibration_set(ctx)  # stored by the parent
-            run.gate = Gate(ctx, run.cset)
-        return _walk(run, steps)
+        store = EngineStore(ctx.engine_dir)
+        if req.lock_fd is not None:
+            lock = store.inherited_lock(ctx.name, req.lock_fd)
+        else:
+            lock = store.lock(ctx.name, wait_s=req.lock_wait_s, command=job_command(ctx.name, requested))
+        with lock:
+            api = import_trt(ctx.trt_flavor)
+            fp = probe_fingerprint(api, target_compute_capability=ctx.cfg.engine.target_compute_capability)
+            run = _Run(req, api, fp, store, emit)
+            steps = plan_steps(requested, api)
+            if needs_gate(steps):
+                run.cset = load_calibration_set(ctx)  # stored by the parent
+                run.gate = Gate(ctx, run.cset, progress=run.progress)
+            return _walk(run, steps)
     except (EngineError, CalibrationError, ConfigError, OSError, ValueError) as exc:
         return JobResult.failed(requested, f"model {ctx.name!r}: {exc}", type(exc).__name__)
+
+
+def job_command(model: str, precision: str) -> str:
+    """What the holder of a model's lock says it does: this process's command line and the job."""
+    return f"{process_command()} [engine job: model {model}, precision {precision}]"
 
 
 def _walk(run: _Run, steps: list[Step]) -> JobResult:
@@ -256,8 +278,10 @@ def _walk(run: _Run, steps: list[Step]) -> JobResult:
             continue
         previous_build_failed = False
         if gate is not None:
+            # The step as one phase around its graph gate's (reference, convert/calibrate, candidate).
             run.progress(f"accuracy gate {step.label}", 0, 1)
             entry = gate.evaluate(step)
+            run.progress(f"accuracy gate {step.label}", 1, 1)
             run.tried.append(entry)
             if not entry.passed and not last:
                 continue
@@ -293,8 +317,7 @@ def _finish(run: _Run, step: Step, result: BuildResult) -> JobResult:
         report = GateReport.decide(gate, run.req.precision, run.tried, kept[-1])
         write_report(run.cset, report)
         validation, state = report.validation(), report.state()
-        with run.store.lock(ctx.name, wait_s=30):
-            run.store.set_validation(ctx.name, result.key, validation)
+        run.store.set_validation(ctx.name, result.key, validation)  # run_job holds the model's lock
     return JobResult(
         True,
         run.req.precision,
@@ -317,8 +340,11 @@ def _finish(run: _Run, step: Step, result: BuildResult) -> JobResult:
 def start_job(
     request: JobRequest, on_event: Callable[[Event], None] | None, env: dict[str, str] | None = None
 ) -> ChildProcess:
-    """`env`: added to the child's environment (a build for one GPU of several: CUDA_VISIBLE_DEVICES)."""
-    return start_child([sys.executable, "-m", "agent.lifecycle.job"], request.to_json(), on_event, env)
+    """`env`: added to the child's environment (a build for one GPU of several: CUDA_VISIBLE_DEVICES).
+    A request with `lock_fd` hands that descriptor (the model's build lock, held) down to the child."""
+    fds = () if request.lock_fd is None else (request.lock_fd,)
+    argv = [sys.executable, "-m", "agent.lifecycle.job"]
+    return start_child(argv, request.to_json(), on_event, env, pass_fds=fds)
 
 
 def main() -> int:

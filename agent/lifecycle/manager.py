@@ -25,10 +25,11 @@ Engines built by `edge-agent rebuild` in another process are noticed by a watche
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.config import AgentConfig
@@ -39,12 +40,13 @@ from agent.lifecycle.calibration import (
     capture_from_frames,
     frames_to_capture,
 )
-from agent.lifecycle.job import JobRequest, JobResult, resolved_settings, start_job
+from agent.lifecycle.job import JobRequest, JobResult, job_command, resolved_settings, start_job
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget, OrtOnly, engine_target, open_ort, warm_up
 from engines.buildproc import ChildProcess
 from engines.compat import check, refusal_record, refusals
-from engines.errors import EngineError
+from engines.errors import BuildLockedError, EngineError
+from engines.lock import BuildLock
 from engines.manifest import Manifest
 from engines.plan import check_precision, needs_calibration_frames, needs_gate, plan_steps
 from engines.runtimes.base import Backend, BackendError, PlanRefusedError
@@ -83,6 +85,7 @@ class ModelEngine:
     busy: bool = False  # a job (capture, child, adoption) is under way
     seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
     last_progress_pub: float = 0.0
+    phases_logged: set = field(default_factory=set)  # progress phases of the job under way, said once
     retired: bool = False  # replaced or removed by a reload: its job's late news is dropped
     refusals: int = 0  # plans TensorRT refused at load in a row (one that loads: 0); 2+: no auto rebuild
     requested: str | None = None  # precision of the last job: a refused plan is rebuilt as it was asked
@@ -323,6 +326,7 @@ class EngineManager:
                 return False
             me.busy = True
             me.requested = requested
+            me.phases_logged = set()
         why = {} if reasons is None else {"reasons": reasons}
         self._set(me, state="building", progress=None, error=None, **why)
         request = JobRequest(me.ctx, requested, force, 0.0, self._version)
@@ -364,15 +368,36 @@ class EngineManager:
             self._adopt(me, result.key)
 
     def _job(self, me: ModelEngine, request: JobRequest) -> JobResult:
-        steps = plan_steps(request.precision, me.target.api)
-        if needs_gate(steps):
-            self._ensure_frames(me, calibration=needs_calibration_frames(steps))
-        if self._stop.is_set():
-            return JobResult.failed(request.precision, "stopped", "Stopped")
-        if self._build_gate is None:
-            return self._run_child(me, request)
-        with self._build_gate:  # another GPU model's build of this model first: the store lock is per model
-            return self._run_child(me, request)
+        """The whole job under the model's build lock: frames, gate and build (the child inherits it). A
+        lock held by another process (`edge-agent rebuild`) fails the job at once, naming the holder; one
+        held by this process (the manager of another GPU model building the same model) is waited for."""
+        try:
+            lock = self._lock(me, request.precision)
+        except EngineError as exc:
+            return JobResult.failed(request.precision, f"model {me.name!r}: {exc}", type(exc).__name__)
+        with lock:
+            steps = plan_steps(request.precision, me.target.api)
+            if needs_gate(steps):
+                self._ensure_frames(me, calibration=needs_calibration_frames(steps))
+            if self._stop.is_set():
+                return JobResult.failed(request.precision, "stopped", "Stopped")
+            request = replace(request, lock_fd=lock.fd)
+            if self._build_gate is None:
+                return self._run_child(me, request)
+            with self._build_gate:  # another GPU model's build first (builds run one at a time)
+                return self._run_child(me, request)
+
+    def _lock(self, me: ModelEngine, precision: str) -> BuildLock:
+        command = job_command(me.name, precision)
+        try:
+            lock = self.store.lock(me.name, wait_s=0, command=command)
+            lock.acquire()
+        except BuildLockedError as exc:
+            if exc.pid != os.getpid():
+                raise
+            lock = self.store.lock(me.name, wait_s=None, command=command)  # a sibling manager's job
+            lock.acquire()
+        return lock
 
     def _run_child(self, me: ModelEngine, request: JobRequest) -> JobResult:
         on_event = lambda ev: self._on_event(me, ev)  # noqa: E731
@@ -411,8 +436,17 @@ class EngineManager:
             total,
             held_out,
         )
+        t0 = time.monotonic()
         frames = tap.frames(total, cal.interval_s, timeout, self._stop)
-        capture_from_frames(me.ctx, self._counted(me, frames, total), samples, held_out)
+        cset = capture_from_frames(me.ctx, self._counted(me, frames, total), samples, held_out)
+        log.info(
+            "model %s: captured %d of %d frames from its pipeline in %.0f s (%d held out for the gate)",
+            me.name,
+            cset.manifest["samples"] + cset.manifest["held_out_count"],
+            total,
+            time.monotonic() - t0,
+            cset.manifest["held_out_count"],
+        )
 
     def _counted(self, me: ModelEngine, frames: Iterator[Any], total: int) -> Iterator[Any]:
         for n, item in enumerate(frames, 1):
@@ -423,13 +457,22 @@ class EngineManager:
         if ev.get("event") != "progress":
             return
         now = time.monotonic()
+        phase = ev.get("phase")
         with me.lock:
-            if now - me.last_progress_pub < 0.5:  # a progress state at most twice a second
-                return
-            me.last_progress_pub = now
-        progress = {"phase": ev.get("phase"), "step": ev.get("step"), "total": ev.get("total")}
-        log.info("model %s: %s %s/%s", me.name, progress["phase"], progress["step"], progress["total"])
-        self._set(me, state="building", progress=progress)
+            first = phase not in me.phases_logged
+            me.phases_logged.add(phase)
+            publish = now - me.last_progress_pub >= 0.5  # a progress state at most twice a second
+            if publish:
+                me.last_progress_pub = now
+        progress = {"phase": phase, "step": ev.get("step"), "total": ev.get("total")}
+        # The log gets each phase of a job once, as it starts (frame captures: a line before and one after,
+        # in _ensure_frames); every step is in the published state, and in the log at DEBUG.
+        if first and not str(phase).startswith("capture"):
+            log.info("model %s: %s %s/%s", me.name, phase, progress["step"], progress["total"])
+        elif publish:
+            log.debug("model %s: %s %s/%s", me.name, phase, progress["step"], progress["total"])
+        if publish:
+            self._set(me, state="building", progress=progress)
 
     # ---- serving an engine ---------------------------------------------------------------------
     def _adopt(self, me: ModelEngine, key: str) -> None:
