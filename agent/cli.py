@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import select
 import signal
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent import __version__
+from agent import __version__, argtypes
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
 from engines.errors import EngineError
 from engines.plan import REQUESTABLE
@@ -317,48 +316,7 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- numbers on the command line: out of range is a usage error (exit 2) naming the option ----------------
-def _count(low: int, high: int) -> Callable[[str], int]:
-    """argparse type: a whole number in low..high."""
-
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text}: not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text}: must be {low}..{high}")
-        return value
-
-    return count
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port {text}: not a whole number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port {text}: must be 1..65535")
-    return value
-
-
-def _seconds(most: float, zero: bool = False) -> Callable[[str], float]:
-    """argparse type: seconds, a finite number above 0 (or 0 where `zero` says it means something) and at
-    most `most`; NaN and infinities are refused (they passed float() and broke the waits behind them)."""
-    rule = f"a number of seconds, {'0' if zero else 'more than 0'} {'to' if zero else 'and at most'} {most:g}"
-
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text}: not a number of seconds") from None
-        if not (math.isfinite(value) and (value > 0 or (zero and value == 0)) and value <= most):
-            raise argparse.ArgumentTypeError(f"{text}: must be {rule}")
-        return abs(value)  # -0 is 0
-
-    return seconds
+_count, _port, _seconds = argtypes.whole, argtypes.port, argtypes.seconds
 
 
 def build_parser() -> argparse.ArgumentParser:

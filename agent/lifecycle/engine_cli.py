@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent import argtypes
 from engines.errors import EngineError, StoreError
 from engines.manifest import Manifest
 from engines.store import EngineStore
@@ -54,17 +55,7 @@ def _wait_seconds(text: str) -> float:
     return abs(value)
 
 
-def _whole(low: int, high: int) -> Callable[[str], int]:
-    def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text}: not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text}: must be {low}..{high}")
-        return value
-
-    return whole
+_whole = argtypes.whole
 
 
 def _add_store_args(p: argparse.ArgumentParser) -> None:
