@@ -49,39 +49,11 @@ def _wait(path: Path, pattern: str, timeout: float, start: int = 0) -> re.Match[
 
 def test_two_nvdec_shards_survive_a_killed_shard(tmp_path: Path) -> None:
     pytest.importorskip("PyNvVideoCodec")
-    clip = tmp_path / "bikes-1080p.h264"
     given = os.environ.get("EDGE_AGENT_GPU_CLIP")
     clip = Path(given) if given else _clip(tmp_path)
-    cams = {
-        f"cam{i}": {"url": str(clip), "model": "det", "decoder": "nvdec", "fps": 25, "shard": i % 2}
-        for i in range(8)
-    }
-    cfg = {
-        "device_id": "shards-gpu",
-        "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "det": {
-                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
-                "labels": str(ASSETS / "coco.names"),
-                "format": "nanodet",
-                "backend": "onnxruntime",
-            }
-        },
-        "cameras": cams,
-        "mqtt": {"enabled": False},
-        "telemetry": {"interval_s": 1},
-        "pipeline": {"shards": 2, "restart": {"min_s": 0.5, "max_s": 2}},
-    }
-    config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    pipeline = {"shards": 2, "restart": {"min_s": 0.5, "max_s": 2}}
     log = tmp_path / "agent.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "run", "-c", str(config), "--log-level", "info"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
+    proc = _run(_config(tmp_path, clip, pipeline, pinned=True), log)
     try:
         assert _wait(log, r"agent\.supervisor: ready: 8/8 cameras streaming", 120), log.read_text()[-4000:]
         m = _wait(log, r"shard 1: running \(pid (\d+)", 1)
@@ -108,9 +80,18 @@ def test_two_nvdec_shards_survive_a_killed_shard(tmp_path: Path) -> None:
 
 
 def _config(
-    tmp_path: Path, clip: Path, pipeline: dict, preprocess: str = "cpu", port: int | None = None
+    tmp_path: Path,
+    clip: Path,
+    pipeline: dict,
+    preprocess: str = "cpu",
+    port: int | None = None,
+    pinned: bool = False,
 ) -> Path:
+    """8 NVDEC cameras of the clip, ONNX Runtime serving; `pinned`: cameras alternate between shards 0, 1."""
     cams = {f"cam{i}": {"url": str(clip), "model": "det", "decoder": "nvdec", "fps": 25} for i in range(8)}
+    if pinned:
+        for i, cam in enumerate(cams.values()):
+            cam["shard"] = i % 2
     cfg = {
         "device_id": "shards-gpus",
         "engine_dir": str(tmp_path / "engines"),
