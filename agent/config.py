@@ -267,6 +267,10 @@ class ModelConfig(_Strict):
     # graph: decode + score threshold + NMS grafted onto the ONNX before anything is built or served
     # (pipelines.models.graft), so the engine returns detections (a few KB per frame) instead of raw heads;
     # the grafted part stays FP32 whatever the precision (engines.islands).
+    # A prebuilt engine: the manifest `<key>.json` of a store (e.g. `edge-agent build --out DIR`: DIR/<model>/
+    # <key>.json, its plan beside it). Imported into engine_dir at start, then checked as any engine is: a
+    # plan that does not fit this device or these settings is refused with the reasons and rebuilt.
+    engine_file: ConfigPath | None = None
     postprocess: Literal["host", "graph"] = "host"
     # The grafted graph's score threshold: a constant of the graph (changing it rebuilds the engine); the
     # model's cameras need min_score >= it.
@@ -1219,6 +1223,7 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
                 "onnx": rel(m.onnx),
                 "labels": rel(m.labels),
                 "calibration": m.calibration.model_copy(update={"folder": rel(m.calibration.folder)}),
+                "engine_file": rel(m.engine_file),
             }
         )
         for name, m in cfg.models.items()

@@ -59,6 +59,12 @@ def check_model(name: str, m: ModelConfig, source: str) -> tuple[list[str], list
                 labels = load_labels(m.labels)
             except (OSError, ValueError) as exc:
                 errors.append(f"{key}.labels: {exc}")
+    if m.engine_file is not None:
+        problem = file_problem(m.engine_file)
+        if problem is None and m.engine_file.suffix != ".json":
+            problem = "not an engine manifest (<key>.json, the plan beside it; edge-agent engines list)"
+        if problem is not None:
+            errors.append(f"{key}.engine_file: {m.engine_file}: {problem}")
     problem = file_problem(m.onnx)
     if problem is not None:
         errors.append(f"{key}.onnx: {m.onnx}: {problem}")

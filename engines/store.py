@@ -355,6 +355,26 @@ class EngineStore:
             raise StoreError(f"plan {plan} is corrupted (sha256 mismatch with {m.path})")
         return data
 
+    def import_engine(self, model: str, manifest_file: Path) -> tuple[str, bool]:
+        """Copy the engine whose manifest is `manifest_file` (in another store: <dir>/<model>/<key>.json,
+        the plan beside it) into this store as `model`'s; (its key, whether anything was written: False when
+        the same plan is stored already). StoreError / ManifestError name the file at fault."""
+        manifest_file = Path(manifest_file)
+        source = EngineStore(manifest_file.parent.parent, check_writable=False)
+        src_model, key = manifest_file.parent.name, manifest_file.stem
+        m = source.manifest(src_model, key)
+        if m is None:
+            raise StoreError(
+                f"{manifest_file}: not an engine manifest (<key>.json of a store's model folder)"
+            )
+        mine = self.manifest(model, key)
+        if mine is not None and mine.build.get("plan_sha256") == m.build.get("plan_sha256"):
+            return key, False
+        plan = source.read_plan(src_model, key)  # verified against its manifest's sha256
+        with self.lock(model, wait_s=30.0, command="import engine_file"):
+            self.write(model, key, plan, Manifest(m.fingerprint, m.build, m.validation, None))
+        return key, True
+
     # --- writing (hold the model's lock) --------------------------------------------------
     def lock(
         self,

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig
@@ -166,6 +167,10 @@ class EngineManager:
         settings, report, why = resolved_settings(ctx, target.api)
         if settings is None:
             return self._fallback(me, [why])
+        if ctx.cfg.engine_file is not None:  # then checked like any engine: refused (with why) if unfit
+            problem = self._import(name, ctx.cfg.engine_file)
+            if problem:
+                return self._fallback(me, [problem])
         if report is not None:
             self._set(me, validation=report.state())
         result = check(store, name, settings, target.fingerprint)
@@ -199,6 +204,16 @@ class EngineManager:
             )
             return engine
         return open_ort(ctx)  # a fitting engine this device cannot run: _load published why
+
+    def _import(self, name: str, engine_file: Path) -> str | None:
+        """models.M.engine_file into the store; why it could not be, or None."""
+        try:
+            key, written = self.store.import_engine(name, engine_file)
+        except EngineError as exc:
+            return f"engine_file {engine_file}: {exc}"
+        if written:
+            log.info("model %s: engine %s imported from %s", name, key, engine_file)
+        return None
 
     def _fallback(self, me: ModelEngine, reasons: list[str]) -> Backend:
         """ONNX Runtime serves while a job makes an engine."""
