@@ -68,9 +68,7 @@ def test_agent_logs_to_journald_with_camera_and_model_fields(
     cfg = {
         "device_id": "jrnl",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": bundled_model()
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {
             "gate": {
                 "url": f"rtsp://viewer:s3cret@127.0.0.1:{free_port()}/x",

@@ -94,8 +94,14 @@ def test_camera_classes_are_checked_against_the_labels(tmp_path: Path) -> None:
     ("text", "expect"),
     [
         (b"models: {}\ncameras: {}\ndevice_id: caf\xe9\n", "not UTF-8 text (byte 0xe9 on line 3)"),
-        ("a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
-         for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "too many values"),
+        (
+            "a: &a [1,1,1,1,1,1,1,1,1]\n"
+            + "".join(
+                f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+                for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+            ),
+            "too many values",
+        ),
         ("[" * 5000 + "]" * 5000, "invalid YAML"),
     ],
 )

@@ -27,9 +27,7 @@ def base(tmp_path: Path, port: int, cameras: dict[str, dict]) -> dict:
     return {
         "device_id": "hup",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": bundled_model()
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {name: {"url": CLIP, "model": "detector", "fps": 4, **c} for name, c in cameras.items()},
         "mqtt": {"host": "127.0.0.1", "port": port, "keepalive": 5},
         "telemetry": {"interval_s": 30},
@@ -166,8 +164,10 @@ def test_sighup_moves_the_agent_to_new_mqtt_settings(
     agent.proc.send_signal(signal.SIGHUP)
     wait(
         new,
-        lambda m: any(t == "site-b/hup/cameras/cam/detections" for t, _, _ in m)
-        and any(t == "site-b/hup/cameras/cam/state" for t, _, _ in m),
+        lambda m: (
+            any(t == "site-b/hup/cameras/cam/detections" for t, _, _ in m)
+            and any(t == "site-b/hup/cameras/cam/state" for t, _, _ in m)
+        ),
         30,
         agent,
         "detections and camera state on the new prefix",

@@ -37,9 +37,7 @@ def config(tmp_path: Path, url: str, **camera: object) -> dict:
     return {
         "device_id": "svc",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": bundled_model()
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {"street": {"url": url, "model": "detector", "fps": 10, **camera}},
         "mqtt": {"enabled": False},
         "telemetry": {"interval_s": 60},
