@@ -137,9 +137,11 @@ def environment_problem() -> str | None:
     if problem:
         return problem
     ours = sysconfig.get_path("purelib")
-    for path in (str(REPO), ours):
+    for path in (str(REPO), ours, sys.prefix):
         if path.startswith(HIDDEN_BY_PROTECT_HOME):
             return f"{path} is hidden from the service by ProtectHome=yes: the service venv could not use it"
+        if os.path.realpath(path).startswith("/tmp/"):
+            return f"{path} is under /tmp, which the booted system mounts afresh: it cannot see this checkout"
     return None
 
 
