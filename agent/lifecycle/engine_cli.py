@@ -29,11 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from agent import argtypes
+from agent.config import EngineConfig, ModelConfig
 from engines.errors import EngineError, StoreError
 from engines.manifest import Manifest
 from engines.store import EngineStore
 
 DEFAULT_DIR = Path("engines")
+# The daemon's defaults (models.M.streams, models.M.engine.workspace_mb): a build here gets a config's key.
+DEFAULT_STREAMS: int = ModelConfig.model_fields["streams"].default
+DEFAULT_WORKSPACE_MB: int = EngineConfig.model_fields["workspace_mb"].default
 PRECISIONS = ("fp32", "fp16", "int8", "best")
 
 
@@ -108,10 +112,15 @@ def add_parsers(sub: Any, log_levels: list[str]) -> None:
     b.add_argument(
         "--streams",
         type=_whole(1, 16),
-        default=2,
-        help="execution contexts the engine serves (models.M.streams; default 2, as the daemon's)",
+        default=DEFAULT_STREAMS,
+        help=f"execution contexts the engine serves (models.M.streams; default {DEFAULT_STREAMS})",
     )
-    b.add_argument("--workspace-mb", type=_whole(1, 1 << 20), default=1024, help="builder workspace (1024)")
+    b.add_argument(
+        "--workspace-mb",
+        type=_whole(1, 1 << 20),
+        default=DEFAULT_WORKSPACE_MB,
+        help=f"builder workspace ({DEFAULT_WORKSPACE_MB})",
+    )
     b.add_argument(
         "--target-cc", metavar="X.Y", help="TensorRT-RTX ahead-of-time target where no GPU is visible"
     )

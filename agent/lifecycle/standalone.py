@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.config import EngineConfig, ModelConfig
 from engines.builder import build
 from engines.errors import BuildError, EngineError, StoreError, UnavailableError
 from engines.fingerprint import probe_fingerprint
@@ -40,8 +41,9 @@ from engines.store import EngineStore, sha256_file
 from engines.trt_api import TrtApi, import_trt
 
 Progress = Callable[[str, int, int], None]
-DEFAULT_STREAMS = 2  # models.M.streams' default: one profile set per execution context
-DEFAULT_WORKSPACE_MB = 1024  # models.M.engine.workspace_mb's default
+# The daemon's defaults, so a build here gets the key a config names (read from the config schema).
+DEFAULT_STREAMS: int = ModelConfig.model_fields["streams"].default
+DEFAULT_WORKSPACE_MB: int = EngineConfig.model_fields["workspace_mb"].default
 _DIMS_RE = re.compile(r"^\d+(x\d+)*$")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
