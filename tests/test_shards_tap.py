@@ -20,7 +20,7 @@ from pipelines.frames import Detections, Frame
 from pipelines.scheduler import Result
 
 
-class _Events:  # the supervisor's side: messages other than answers and frames are not under test
+class FakeEvents:  # the supervisor's side: messages other than answers and frames are not under test
     def shard_started(self, k: int, pid: int) -> None: ...
     def shard_failed(self, k: int, error: str) -> None: ...
     def shard_exited(self, k: int, why: str, restart_in: float | None) -> None: ...
@@ -29,13 +29,13 @@ class _Events:  # the supervisor's side: messages other than answers and frames 
 
 def _linked(taps: dict[str, FrameTap]) -> tuple[ShardHost, threading.Event, list[threading.Thread]]:
     parent, child = mp.Pipe()
-    host = ShardHost(0, None, None, "info", _Events(), RestartConfig())  # type: ignore[arg-type]
+    host = ShardHost(0, None, None, "info", FakeEvents(), RestartConfig())  # type: ignore[arg-type]
     host._conn, host.state = parent, "running"
     stop = threading.Event()
-    agent = SimpleNamespace(taps=taps)
+    fake_agent = SimpleNamespace(taps=taps)
     threads = [
         threading.Thread(target=host._read, args=(parent,), daemon=True),
-        threading.Thread(target=_serve, args=(agent, ShardLink(0, child), child, stop), daemon=True),
+        threading.Thread(target=_serve, args=(fake_agent, ShardLink(0, child), child, stop), daemon=True),
     ]
     for t in threads:
         t.start()
@@ -113,7 +113,7 @@ def test_a_shard_that_dies_before_a_word_ends_the_start_wait(monkeypatch) -> Non
         return real_popen([sys.executable, "-c", "import sys; sys.exit(7)"], **kw)
 
     monkeypatch.setattr(host_mod.subprocess, "Popen", fake_popen)
-    host = ShardHost(0, None, None, "info", _Events(), RestartConfig(min_s=0.2, max_s=0.2))  # type: ignore[arg-type]
+    host = ShardHost(0, None, None, "info", FakeEvents(), RestartConfig(min_s=0.2, max_s=0.2))  # type: ignore[arg-type]
     host.start()
     try:
         assert host.first_outcome.wait(10)
