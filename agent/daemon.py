@@ -350,8 +350,7 @@ class Agent(DeviceOwner):
 
     def _publish_status(self) -> None:
         if self.mqtt is not None and self.shard is None:
-            body = self.mqtt.status_payload(self._status_fields())
-            self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
+            self.mqtt.publish_status(self._status_fields())
 
     def _publish_engine(self, model: str, fields: dict) -> None:
         if self.mqtt is None:

@@ -271,6 +271,7 @@ class MqttClient:
         self._last_refused: str | None = None
         # Other processes publishing as this device id: instance -> time last seen (see _on_own_status).
         self._duplicates: dict[str, float] = {}
+        self._duplicates_gen = 0  # bumped on every change: a status built before it is stale (publish_status)
         self._duplicate_logs = 0
         self._next_answer = 0.0
         self._answer_timer: threading.Timer | None = None
@@ -539,6 +540,18 @@ class MqttClient:
             extra["duplicates"] = dups
         return payload("status", **{**fields, **extra})
 
+    def publish_status(self, fields: Mapping[str, Any]) -> None:
+        """Publish the retained `status` for `fields` from the daemon's thread. A duplicate seen on the
+        network thread between building the body and queueing it would leave a stale body (no `duplicates`)
+        as the last word on the topic: then the status is answered again, fresh, after it."""
+        with self._lock:
+            gen = self._duplicates_gen
+        self.publish(self.topics.status, self.status_payload(fields), qos=1, retain=True, kind="state")
+        with self._lock:
+            stale = gen != self._duplicates_gen
+        if stale:
+            self._answer_status()
+
     # ---- paho callbacks (network thread) -----------------------------------------------------
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
@@ -697,11 +710,13 @@ class MqttClient:
             if body.get("state") == "offline":
                 known = self._duplicates.pop(other, None) is not None
                 new = False
+                self._duplicates_gen += known
             else:
                 new = other not in self._duplicates
                 if new and len(self._duplicates) >= _DUPLICATES_MAX:
                     self._duplicates.pop(min(self._duplicates, key=self._duplicates.__getitem__))
                 self._duplicates[other] = now
+                self._duplicates_gen += new
                 known = False
             tell = new and self._duplicate_logs < _DUPLICATE_LOGS_MAX
             self._duplicate_logs += tell

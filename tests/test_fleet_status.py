@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator, KeysView, Mapping
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -279,3 +281,66 @@ def test_a_3_1_1_only_broker_gets_a_hint(caplog: pytest.LogCaptureFixture) -> No
     finally:
         client.close()
         srv.close()
+
+
+class _DuplicateArrivesMidway(Mapping[str, Any]):
+    """Status fields whose expansion waits for a second agent's status to reach the client: the body built
+    from them predates the duplicate, as when the network thread records one while the daemon builds."""
+
+    def __init__(self, port: int, topics: Topics, client: MqttClient) -> None:
+        self.port, self.topics, self.client = port, topics, client
+        self.fields = {"state": "online"}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __iter__(self) -> Iterator[str]:
+        self._twin_appears()
+        return iter(self.fields)
+
+    def keys(self) -> KeysView[str]:
+        self._twin_appears()
+        return self.fields.keys()
+
+    def _twin_appears(self) -> None:
+        pub = paho.Client(CallbackAPIVersion.VERSION2)
+        pub.connect("127.0.0.1", self.port)
+        pub.loop_start()
+        body = json.dumps({"state": "online", "instance": "0badcafe"}).encode()
+        pub.publish(self.topics.status, body, qos=1).wait_for_publish(5)
+        pub.disconnect()
+        pub.loop_stop()
+        deadline = time.monotonic() + 10
+        while not self.client.stats()["duplicates"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # the client's answer to the twin goes out first, as in the race
+
+
+def test_a_status_built_before_a_duplicate_is_not_the_last_word(mqtt_broker: Broker) -> None:
+    """The CI race of test_fleet_scale: a status body built before a twin was seen, queued after the answer
+    that names it, must not stay the retained status; the client answers again after it."""
+    topics = Topics("race", "dev")
+    client = MqttClient(topics=topics, host="127.0.0.1", port=mqtt_broker.port)
+    client.start()
+    try:
+        assert client.wait_connected(10)
+        client.publish_status(_DuplicateArrivesMidway(mqtt_broker.port, topics, client))
+        assert client.stats()["duplicates"] == ["0badcafe"]
+        deadline = time.monotonic() + 10
+        last: dict = {}
+        while time.monotonic() < deadline:
+            fresh = Subscriber(mqtt_broker.port, topics.status)
+            try:
+                fresh.wait_for(lambda m: bool(m), 5)
+                last = json.loads(fresh.snapshot()[-1][1])
+            finally:
+                fresh.close()
+            if last.get("instance") == client.instance and last.get("duplicates") == ["0badcafe"]:
+                break
+            time.sleep(0.2)
+        assert last.get("instance") == client.instance and last.get("duplicates") == ["0badcafe"], last
+    finally:
+        client.close()

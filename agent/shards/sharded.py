@@ -279,8 +279,7 @@ class ShardedAgent(DeviceOwner):
 
     def _publish_status(self) -> None:
         if self.mqtt is not None:
-            body = self.mqtt.status_payload(self._status_fields())
-            self.mqtt.publish(self.topics.status, body, qos=1, retain=True, kind="state")
+            self.mqtt.publish_status(self._status_fields())
         self.supervisor.set_extra(self._status_extra())
 
     def _status_extra(self) -> str:
