@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from agent.tls import TlsFileError, TlsOptions, client_context
+from agent.mqtt.tls import TlsFileError, TlsOptions, client_context
 from engines.plan import Precision
 from pipelines.urls import mask_url
 from pipelines.zones import polygon_problem, segment_problem
