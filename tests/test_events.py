@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.bench.track_eval import load_recorded
 from agent.config import CameraConfig, ConfigError, parse_config
-from agent.daemon import Agent, CameraRuntime
 from agent.events import CameraEvents, track_floor
+from agent.mqtt.topics import Topics
 from agent.results import detection_fields
-from agent.topics import Topics
-from agent.track_eval import load_recorded
+from agent.runtime.cameras import CameraRuntime
+from agent.runtime.sinks import detections_due
 from pipelines.frames import Detections, Frame
 from pipelines.postprocess import load_labels
 from pipelines.scheduler import Result
@@ -328,11 +329,11 @@ def test_publish_detections_modes() -> None:
         objects = [(300 + i, 200, PERSON)] + ([(500, 200, CAR)] if 10 <= i < 20 else [])
         a = feed.frame(*objects)
         result = Result(Frame("cam", i, feed.image, 0.0), a.detections, "d", "ort", "fp32", 1, analysis=a)
-        due.append(Agent._detections_due(runtime, result))
+        due.append(detections_due(runtime, result))
     # First frame; person confirmed (id); car appears, car confirmed; car gone: 5 messages of 30.
     assert sum(due) == 5 and due[0] and due[1] and due[10] and due[11] and due[20]
     runtime.cfg = camera(publish={"detections": "off"})
-    assert not Agent._detections_due(runtime, result)
+    assert not detections_due(runtime, result)
 
 
 # ---- the bundled clip ----
