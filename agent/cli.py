@@ -16,8 +16,9 @@ from typing import Any, TextIO
 
 from agent import __version__, argtypes
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
+from agent.logs import setup_logging
 from engines.errors import EngineError
-from engines.plan import REQUESTABLE
+from engines.precision import REQUESTABLE
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -60,24 +61,6 @@ def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path 
         "console": True,
     }
     return parse_config(data, "<demo>")
-
-
-def setup_logging(level: str) -> None:
-    from agent.service import journal_handler
-
-    journal = journal_handler()  # under systemd: structured records (PRIORITY, CAMERA, MODEL) to journald
-    if journal is not None:
-        journal.setFormatter(logging.Formatter("%(name)s: %(message)s"))  # journald stamps time and level
-        logging.basicConfig(level=getattr(logging, level.upper()), handlers=[journal])
-    else:
-        logging.basicConfig(
-            level=getattr(logging, level.upper()),
-            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-    if logging.getLogger().level > logging.INFO:
-        # TensorRT's builder warnings (reshape placeholders, kOPT guesses) are noise unless asked for.
-        logging.getLogger("engines.trt").setLevel(logging.ERROR)
 
 
 class _Console:
@@ -145,7 +128,7 @@ def _serve(
     stop_unread: bool,
 ) -> int:
     from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
-    from agent.service import Notifier, ServiceError
+    from agent.service.notify import Notifier, ServiceError
     from agent.shards.placement import place
 
     try:
@@ -155,7 +138,7 @@ def _serve(
         return 2
     gpus_seen = 0
     if cfg.pipeline.shards != 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        from engines.gpu_probe import NVML
+        from engines.cuda.gpu_probe import NVML
 
         gpus_seen = NVML.count()  # several GPUs: shards spread over them unless pipeline.gpus says
     plan = place(cfg, gpus_seen=gpus_seen)
@@ -217,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    from agent.bench import run_from_args
+    from agent.bench.run import run_from_args
 
     return run_from_args(args)
 
@@ -264,7 +247,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    from agent.install import InstallError, install_service
+    from agent.service.install import InstallError, install_service
 
     try:
         return install_service(Path(args.root), args.user, args.dry_run)
@@ -280,8 +263,8 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
     mqtt section, overridden by the flags."""
     import json
 
-    from agent.fleet import FleetError, collect, render, rows
     from agent.mqtt import MqttError, read_password_file
+    from agent.mqtt.fleet import FleetError, collect, render, rows
 
     host, port, prefix, username, password, tls = "localhost", 1883, "edge-agent", None, None, None
     if args.config:
@@ -454,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pipeline benchmark: stages, agent overhead, streams x batch sweep (JSON report + plot)",
         description="trtexec-like benchmark of the whole pipeline; see agent/bench.py and README (Benchmark)",
     )
-    from agent.bench_args import add_arguments as add_bench_arguments
+    from agent.bench.args import add_arguments as add_bench_arguments
 
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)

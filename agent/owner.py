@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 from agent import __version__
-from agent.commands import Answer, CommandError, RebuildRequest, ReloadRequest
 from agent.config import AgentConfig, ConfigError, load_config
-from agent.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt import MqttClient, MqttError
+from agent.mqtt.commands import Answer, CommandError, RebuildRequest, ReloadRequest
+from agent.mqtt.discovery import discovery_messages, node_filter, removed_topics, stale_topics
+from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
 from agent.reload import ReloadPlan, plan_reload
-from agent.signals import SignalInbox
-from agent.supervisor import Supervisor
-from agent.topics import Topics, payload
+from agent.service.signals import SignalInbox
+from agent.service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from fixtures_notify import NotifySocket
 
 from agent.config import parse_config
 from agent.daemon import Agent
-from agent.service import Notifier, ServiceError, watchdog_interval
-from agent.supervisor import ModelProgress, Progress, StallDetector, is_ready
+from agent.service.notify import Notifier, ServiceError, watchdog_interval
+from agent.service.supervisor import ModelProgress, Progress, StallDetector, is_ready
 from engines.runtimes.ort import OrtBackend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,7 +259,7 @@ def test_ready_waits_for_every_camera_to_be_tried_and_a_result_per_streaming_mod
 def test_start_up_asks_for_more_time_while_a_model_loads(
     tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent.service import extending
+    from agent.service.notify import extending
 
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
     notifier = Notifier()

@@ -24,7 +24,7 @@ import pytest
 from fixtures_mqtt import Broker, Subscriber
 from fixtures_systemd import BootedSystem, boot_problem, booted
 
-from agent.install import HIDDEN_BY_PROTECT_HOME
+from agent.service.install import HIDDEN_BY_PROTECT_HOME
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,9 @@ import numpy as np
 
 from agent.config import RestartConfig
 from agent.lifecycle.calibration import FrameTap
-from agent.shards.child import ShardLink, _serve
+from agent.shards.child import _serve
 from agent.shards.host import ShardHost
+from agent.shards.link import ShardLink
 from agent.shards.sharded import _RemoteTap
 from pipelines.frames import Detections, Frame
 from pipelines.scheduler import Result

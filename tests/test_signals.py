@@ -100,7 +100,7 @@ def test_inbox_handler_takes_no_lock_and_wakes_the_loop() -> None:
     at once afterwards; any number of SIGHUPs is one reload; SIGTERM wins."""
     import threading
 
-    from agent.signals import SignalInbox
+    from agent.service.signals import SignalInbox
 
     inbox = SignalInbox()
     held = threading.Lock()

@@ -18,7 +18,7 @@ import pytest
 from fixtures_agent import wait_until
 
 from agent.config import load_config
-from agent.install import Installer, InstallError, render_unit
+from agent.service.install import Installer, InstallError, render_unit
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = shutil.which("systemd-analyze")

@@ -246,7 +246,7 @@ def _key(store: EngineStore, model: str, key: str | None) -> str:
 
 
 def _lock(store: EngineStore, model: str, wait_s: float, what: str) -> Any:
-    from engines.lock import process_command
+    from engines.store.lock import process_command
 
     return store.lock(
         model,
@@ -286,7 +286,7 @@ def _when(iso: str) -> str:
 
 
 def _trt(fp: dict[str, Any]) -> str:
-    from engines.trt_api import flavor_label
+    from engines.trt import flavor_label
 
     return f"{flavor_label(fp.get('trt_flavor'))} {fp.get('trt_version')}"
 
@@ -563,9 +563,9 @@ def _dry_run(store: EngineStore, model: str, key: str | None) -> list[tuple[Path
 
 def cmd_build(args: argparse.Namespace) -> int:
     from agent import __version__
-    from agent.cli import setup_logging
     from agent.lifecycle.progress import JobProgress
     from agent.lifecycle.standalone import StandaloneBuild, build_standalone, model_name, parse_shapes
+    from agent.logs import setup_logging
 
     setup_logging(args.log_level)
     if args.log_level in ("warning", "error"):

@@ -26,46 +26,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.config import AgentConfig
+from agent.logs import setup_logging
+from agent.shards.link import ShardLink
 
 log = logging.getLogger(__name__)
 
 PROGRESS_S = 1.0
 EXIT_START_FAILED = 3
-
-
-class ShardLink:
-    """The shard's end of the pipe; thread-safe sends; a lost pipe stops the shard."""
-
-    def __init__(self, index: int, conn: Connection) -> None:
-        self.index = index
-        self._conn = conn
-        self._lock = threading.Lock()
-        self.lost = threading.Event()
-
-    def send(self, *msg: Any) -> None:
-        if self.lost.is_set():
-            return
-        with self._lock:
-            try:
-                self._conn.send(msg)
-            except (OSError, EOFError, ValueError):  # the supervisor is gone: stop (main loop)
-                self.lost.set()
-
-    # ---- what the Agent calls ------------------------------------------------------------------
-    def camera_state(self, camera: str, state: str, reason: str | None) -> None:
-        self.send("camera", camera, state, reason)
-
-    def telemetry(self, fields: dict[str, Any], stages: dict[str, Any]) -> None:
-        self.send("telemetry", fields, stages)
-
-    def engine_state(self, model: str, fields: dict[str, Any]) -> None:
-        self.send("engine", model, fields)
-
-    def request_rebuild(
-        self, model: str, force: bool, precision: str | None, reasons: list[str] | None
-    ) -> bool:
-        self.send("rebuild", model, force, precision, reasons)
-        return True  # asked: the supervisor's manager starts it, or says it is already under way
 
 
 class ShardFields(logging.Filter):
@@ -81,8 +48,6 @@ class ShardFields(logging.Filter):
 
 
 def _logging(index: int, level: str) -> None:
-    from agent.cli import setup_logging
-
     setup_logging(level)
     for handler in logging.getLogger().handlers:
         handler.addFilter(ShardFields(index))
@@ -129,7 +94,7 @@ def _report(agent: Any, link: ShardLink, stop: threading.Event) -> None:
 
 
 def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event) -> None:
-    from agent.commands import CommandError
+    from agent.mqtt.commands import CommandError
 
     while not stop.is_set() and not link.lost.is_set():
         try:

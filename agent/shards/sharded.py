@@ -28,20 +28,20 @@ from typing import Any
 import numpy as np
 
 from agent import __version__
-from agent.commands import CommandError, CommandRouter, SnapshotRequest
 from agent.config import AgentConfig
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
+from agent.mqtt.commands import CommandError, CommandRouter, SnapshotRequest
+from agent.mqtt.topics import Topics, payload
 from agent.owner import DeviceOwner
 from agent.reload import ReloadPlan
-from agent.service import Notifier, extending
+from agent.service.notify import Notifier, extending
+from agent.service.signals import SignalInbox
+from agent.service.supervisor import Progress, Supervisor
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan, place
-from agent.signals import SignalInbox
-from agent.supervisor import Progress, Supervisor
 from agent.telemetry import Metrics, StageWindow, build_telemetry, process_stats
-from agent.topics import Topics, payload
-from engines.gpu_probe import NVML, GpuInfo
+from engines.cuda.gpu_probe import NVML, GpuInfo
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""systemd integration: sd_notify messages and journald logging, through systemd-python.
+"""systemd integration: sd_notify messages, through systemd-python (journald logging: agent.service.journal).
 
 Outside systemd (no NOTIFY_SOCKET) every message is only logged at DEBUG, so the daemon code calls the
 same methods everywhere. Under systemd the module is required: a Type=notify unit whose process cannot
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -113,42 +112,3 @@ def extending(notifier: Notifier, status: str, grant_s: float = 30.0) -> Iterato
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:500]
-
-
-class JournalFields(logging.Filter):
-    """Adds CAMERA= / MODEL= journal fields to records that follow the log convention "camera %s: ..." /
-    "model %s: ...", so `journalctl -u edge-agent CAMERA=gate` shows one camera's story."""
-
-    _FIELDS = (("camera %s", "CAMERA"), ("model %s", "MODEL"), ("model(s) %s", "MODEL"))
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg, args = record.msg, record.args
-        if isinstance(msg, str) and isinstance(args, tuple) and args:
-            for prefix, key in self._FIELDS:
-                if msg.startswith(prefix):
-                    setattr(record, key, str(args[0]))
-                    break
-        return True
-
-
-def journal_handler(env: Mapping[str, str] | None = None) -> logging.Handler | None:
-    """A JournalHandler when stderr goes to journald (JOURNAL_STREAM names stderr's device:inode), so
-    records keep their fields (PRIORITY, CAMERA, MODEL, ...); None otherwise or without systemd-python."""
-    env = os.environ if env is None else env
-    stream = env.get("JOURNAL_STREAM", "")
-    dev, _, ino = stream.partition(":")
-    if not (dev.isdigit() and ino.isdigit()):
-        return None
-    try:
-        st = os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError):
-        return None
-    if (st.st_dev, st.st_ino) != (int(dev), int(ino)):
-        return None
-    try:
-        from systemd.journal import JournalHandler
-    except ImportError:
-        return None
-    handler = JournalHandler(SYSLOG_IDENTIFIER="edge-agent")
-    handler.addFilter(JournalFields())
-    return handler

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from agent.service import Notifier
+from agent.service.notify import Notifier
 
 log = logging.getLogger(__name__)
 
