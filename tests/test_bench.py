@@ -54,7 +54,7 @@ def test_sweep_and_overhead_report(tmp_path: Path) -> None:
 def test_says_so_when_matplotlib_is_missing(tmp_path: Path) -> None:
     out = tmp_path / "b"
     code = (
-        "import sys; sys.modules['matplotlib'] = None; from agent.bench import main; "
+        "import sys; sys.modules['matplotlib'] = None; from agent.bench.run import main; "
         f"sys.exit(main(['--out', {str(out)!r}, '--sections', 'overhead', *{SHORT!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240)

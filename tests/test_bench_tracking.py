@@ -1,9 +1,9 @@
-"""`edge-agent bench --sections tracking` (agent.bench_tracking): the report's shape on a short run."""
+"""`edge-agent bench --sections tracking` (agent.bench.tracking): the report's shape on a short run."""
 
 from __future__ import annotations
 
-from agent.bench_args import KNOWN_SECTIONS
-from agent.bench_tracking import OBJECTS, summary, tracking_report
+from agent.bench.args import KNOWN_SECTIONS
+from agent.bench.tracking import OBJECTS, summary, tracking_report
 
 
 def test_tracking_section_reports_cost_quality_and_target() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.bench_args import add_arguments, options_from_args
-from agent.bench_load import RunSpec
-from agent.bench_shards import merge, split
+from agent.bench.args import add_arguments, options_from_args
+from agent.bench.load import RunSpec
+from agent.bench.shards import merge, split
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.lifecycle.manager import EngineManager
 from agent.reload import plan_reload

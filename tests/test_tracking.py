@@ -1,5 +1,5 @@
-"""The tracker (pipelines.tracking) and its evaluation (agent.track_eval): matching, the Kalman filter, id
-stability on synthetic scenes with ground truth and on the bundled clip's recorded detections."""
+"""The tracker (pipelines.tracking) and its evaluation (agent.bench.track_eval): matching, the Kalman filter,
+id stability on synthetic scenes with ground truth and on the bundled clip's recorded detections."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.track_eval import (
+from agent.bench.track_eval import (
     MotMetrics,
     SceneOptions,
     hungarian,

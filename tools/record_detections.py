@@ -5,7 +5,7 @@
 Scores down to 0.1 (the tracker's default second-stage floor), NMS IoU 0.5, ONNX Runtime on the CPU, one
 thread (deterministic). The .npz holds ``frame`` (per detection: its frame index), ``boxes`` (N, 4) float32
 x1y1x2y2 in source pixels, ``scores`` (N,) float32, ``class_ids`` (N,) int32, ``frames`` (the clip's frame
-count), ``fps`` and ``size`` (w, h); agent.track_eval.load_recorded gives them back per frame.
+count), ``fps`` and ``size`` (w, h); agent.bench.track_eval.load_recorded gives them back per frame.
 """
 
 from __future__ import annotations

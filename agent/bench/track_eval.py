@@ -82,6 +82,9 @@ def hungarian(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- scenes ----
+_Track = tuple[int, int, np.ndarray, np.ndarray, np.ndarray]  # id, start, centre (n, 2), wh, visible (n,)
+
+
 @dataclass
 class SceneFrame:
     t: float
@@ -108,9 +111,15 @@ def scene(kind: str, seed: int = 0, opts: SceneOptions | None = None) -> list[Sc
     """A synthetic scene with ground truth (see the module docstring)."""
     o = opts or SceneOptions()
     rng = np.random.default_rng(seed)
-    w, h = o.size
     n = o.frames | 1 if kind == "crossing" else o.frames  # odd: the two meet on a frame
-    tracks: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = []  # id, start, centre(n,2), wh, vis
+    tracks = _paths(kind, o, n, rng)
+    return [_observe(tracks, f, o, rng) for f in range(n)]
+
+
+def _paths(kind: str, o: SceneOptions, n: int, rng: np.random.Generator) -> list[_Track]:
+    """The ground truth of a scene kind: every object's path and visibility over `n` frames."""
+    w, h = o.size
+    tracks: list[_Track] = []
     if kind == "crossing":
         # Two people walking towards each other on close parallel paths; vertical offset sets the overlap.
         bw, bh = 60.0, 160.0
@@ -132,56 +141,64 @@ def scene(kind: str, seed: int = 0, opts: SceneOptions | None = None) -> list[Sc
             (2, 0, np.stack((xs2, np.full(n, h / 2 + 200)), 1), np.array([60.0, 160.0]), np.ones(n, bool))
         )
     elif kind == "crowd":
-        for k in range(o.objects * 2):
-            start = int(rng.integers(0, max(1, n - n // 4))) if k >= o.objects else 0
-            life = n - start
-            bh = float(rng.uniform(60, 200))
-            bw = bh * float(rng.uniform(0.3, 0.6))
-            p0 = np.array([rng.uniform(bw, w - bw), rng.uniform(bh, h - bh)])
-            speed = rng.uniform(20, 120) / o.fps  # px per frame
-            angle = rng.uniform(0, 2 * np.pi)
-            vel = speed * np.array([np.cos(angle), np.sin(angle)])
-            wander = np.cumsum(rng.normal(0, 0.3, (life, 2)), axis=0)
-            c = p0 + np.arange(life)[:, None] * vel + wander
-            # Objects leave when their centre leaves the picture.
-            inside = (c[:, 0] > 0) & (c[:, 0] < w) & (c[:, 1] > 0) & (c[:, 1] < h)
-            centre = np.full((n, 2), np.nan)
-            centre[start:] = c
-            vis = np.zeros(n, bool)
-            vis[start:] = np.logical_and.accumulate(inside)
-            tracks.append((k + 1, start, centre, np.array([bw, bh]), vis))
+        return _crowd(o, n, rng)
     else:
         raise ValueError(f"scene kind: crossing, occlusion or crowd, got {kind!r}")
+    return tracks
 
-    frames = []
-    for f in range(n):
-        gt_ids, gt_boxes, boxes, scores = [], [], [], []
-        for tid, _start, centre, wh, vis in tracks:
-            if not vis[f]:
-                continue
-            box = np.concatenate((centre[f] - wh / 2, centre[f] + wh / 2))
-            gt_ids.append(tid)
-            gt_boxes.append(box)
-            if rng.random() < o.miss:
-                continue
-            noisy = box + rng.normal(0, o.jitter, 4) * np.concatenate((wh, wh))
-            boxes.append(noisy)
-            scores.append(rng.uniform(0.15, 0.39) if rng.random() < o.low else rng.uniform(0.5, 0.95))
-        for _ in range(rng.poisson(o.false_positives)):
-            bh = rng.uniform(40, 150)
-            x, y = rng.uniform(0, w - bh), rng.uniform(0, h - bh)
-            boxes.append(np.array([x, y, x + bh * 0.5, y + bh]))
-            scores.append(rng.uniform(0.3, 0.6))
-        k = len(boxes)
-        dets = Detections(
-            np.asarray(boxes, np.float32).reshape(k, 4),
-            np.asarray(scores, np.float32).reshape(k),
-            np.zeros(k, np.int32),
-        )
-        frames.append(
-            SceneFrame(f / o.fps, np.asarray(gt_ids, np.int64), np.asarray(gt_boxes).reshape(-1, 4), dets)
-        )
-    return frames
+
+def _crowd(o: SceneOptions, n: int, rng: np.random.Generator) -> list[_Track]:
+    """`objects` walkers from the start, as many more entering later; each leaves with its centre."""
+    w, h = o.size
+    tracks: list[_Track] = []
+    for k in range(o.objects * 2):
+        start = int(rng.integers(0, max(1, n - n // 4))) if k >= o.objects else 0
+        life = n - start
+        bh = float(rng.uniform(60, 200))
+        bw = bh * float(rng.uniform(0.3, 0.6))
+        p0 = np.array([rng.uniform(bw, w - bw), rng.uniform(bh, h - bh)])
+        speed = rng.uniform(20, 120) / o.fps  # px per frame
+        angle = rng.uniform(0, 2 * np.pi)
+        vel = speed * np.array([np.cos(angle), np.sin(angle)])
+        wander = np.cumsum(rng.normal(0, 0.3, (life, 2)), axis=0)
+        c = p0 + np.arange(life)[:, None] * vel + wander
+        # Objects leave when their centre leaves the picture.
+        inside = (c[:, 0] > 0) & (c[:, 0] < w) & (c[:, 1] > 0) & (c[:, 1] < h)
+        centre = np.full((n, 2), np.nan)
+        centre[start:] = c
+        vis = np.zeros(n, bool)
+        vis[start:] = np.logical_and.accumulate(inside)
+        tracks.append((k + 1, start, centre, np.array([bw, bh]), vis))
+    return tracks
+
+
+def _observe(tracks: list[_Track], f: int, o: SceneOptions, rng: np.random.Generator) -> SceneFrame:
+    """Frame `f` of the scene: its ground truth, and what the noisy detector reports of it."""
+    w, h = o.size
+    gt_ids, gt_boxes, boxes, scores = [], [], [], []
+    for tid, _start, centre, wh, vis in tracks:
+        if not vis[f]:
+            continue
+        box = np.concatenate((centre[f] - wh / 2, centre[f] + wh / 2))
+        gt_ids.append(tid)
+        gt_boxes.append(box)
+        if rng.random() < o.miss:
+            continue
+        noisy = box + rng.normal(0, o.jitter, 4) * np.concatenate((wh, wh))
+        boxes.append(noisy)
+        scores.append(rng.uniform(0.15, 0.39) if rng.random() < o.low else rng.uniform(0.5, 0.95))
+    for _ in range(rng.poisson(o.false_positives)):
+        bh = rng.uniform(40, 150)
+        x, y = rng.uniform(0, w - bh), rng.uniform(0, h - bh)
+        boxes.append(np.array([x, y, x + bh * 0.5, y + bh]))
+        scores.append(rng.uniform(0.3, 0.6))
+    k = len(boxes)
+    dets = Detections(
+        np.asarray(boxes, np.float32).reshape(k, 4),
+        np.asarray(scores, np.float32).reshape(k),
+        np.zeros(k, np.int32),
+    )
+    return SceneFrame(f / o.fps, np.asarray(gt_ids, np.int64), np.asarray(gt_boxes).reshape(-1, 4), dets)
 
 
 # ---- metrics ----
@@ -236,24 +253,7 @@ def mot_metrics(gt: Frames, hyp: Frames, min_iou: float = 0.5) -> MotMetrics:
         ok = iou >= min_iou
         rows, cols = np.nonzero(ok)
         shared[[gi[int(g_ids[r])] for r in rows], [hi[int(h_ids[c])] for c in cols]] += 1
-        # CLEAR MOT: keep last frame's correspondences that still overlap, then Hungarian on the rest.
-        pairs: list[tuple[int, int]] = []
-        taken_g: set[int] = set()
-        taken_h: set[int] = set()
-        h_pos = {int(h): c for c, h in enumerate(h_ids)}
-        for r, g in enumerate(g_ids):
-            c = h_pos.get(last.get(int(g), -1))
-            if c is not None and ok[r, c] and c not in taken_h:
-                pairs.append((r, c))
-                taken_g.add(r)
-                taken_h.add(c)
-        free_g = [r for r in range(len(g_ids)) if r not in taken_g]
-        free_h = [c for c in range(len(h_ids)) if c not in taken_h]
-        if free_g and free_h:
-            sub = np.where(ok[np.ix_(free_g, free_h)], 1.0 - iou[np.ix_(free_g, free_h)], 2.0)
-            for a, b in zip(*hungarian(sub), strict=True):
-                if sub[a, b] <= 1.0:
-                    pairs.append((free_g[a], free_h[b]))
+        pairs = _clear_pairs(g_ids, h_ids, iou, ok, last)
         for r, c in pairs:
             g, hid = int(g_ids[r]), int(h_ids[c])
             if g in last and last[g] != hid:
@@ -279,6 +279,31 @@ def mot_metrics(gt: Frames, hyp: Frames, min_iou: float = 0.5) -> MotMetrics:
         gt_objects=len(gt_ids),
         track_ids=len(hyp_ids),
     )
+
+
+def _clear_pairs(
+    g_ids: np.ndarray, h_ids: np.ndarray, iou: np.ndarray, ok: np.ndarray, last: dict[int, int]
+) -> list[tuple[int, int]]:
+    """One frame's (gt row, hyp column) matches, CLEAR MOT's way: last frame's correspondences that still
+    overlap are kept, then the Hungarian method on the rest."""
+    pairs: list[tuple[int, int]] = []
+    taken_g: set[int] = set()
+    taken_h: set[int] = set()
+    h_pos = {int(h): c for c, h in enumerate(h_ids)}
+    for r, g in enumerate(g_ids):
+        c = h_pos.get(last.get(int(g), -1))
+        if c is not None and ok[r, c] and c not in taken_h:
+            pairs.append((r, c))
+            taken_g.add(r)
+            taken_h.add(c)
+    free_g = [r for r in range(len(g_ids)) if r not in taken_g]
+    free_h = [c for c in range(len(h_ids)) if c not in taken_h]
+    if free_g and free_h:
+        sub = np.where(ok[np.ix_(free_g, free_h)], 1.0 - iou[np.ix_(free_g, free_h)], 2.0)
+        for a, b in zip(*hungarian(sub), strict=True):
+            if sub[a, b] <= 1.0:
+                pairs.append((free_g[a], free_h[b]))
+    return pairs
 
 
 TrackFn = Callable[[Detections, float], tuple[np.ndarray, np.ndarray]]  # dets, t -> (ids, boxes)

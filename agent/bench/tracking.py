@@ -6,7 +6,7 @@ track.
   whole per-camera hook with event publishing into a null publisher (agent.events), at 1, 20 and 100 objects
   in view (synthetic crowd scenes: noisy boxes, misses, low scores, false positives). Each point runs
   ``repeats`` times; the best run's mean is reported (the VM's speed and the neighbours' load vary).
-- quality: IDF1, ID switches and MOTA (agent.track_eval) on crossing, occlusion and crowd scenes;
+- quality: IDF1, ID switches and MOTA (agent.bench.track_eval) on crossing, occlusion and crowd scenes;
 - the same for the library trackers where they are installed (supervision's ByteTrack, norfair), and our
   tracker with the Hungarian method (scipy) instead of greedy matching;
 - the bundled clip, run through the model once (ONNX Runtime): tracks, events and MQTT messages per
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from agent.bench.track_eval import SceneFrame, SceneOptions, mot_metrics, scene
 from agent.config import parse_config
 from agent.events import CameraEvents, track_floor
-from agent.topics import Topics
-from agent.track_eval import SceneFrame, SceneOptions, mot_metrics, scene
+from agent.mqtt.topics import Topics
 from pipelines.analytics import AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections, Frame
 from pipelines.tracking import BOX, ID, Tracker, TrackerParams

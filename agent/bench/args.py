@@ -1,6 +1,6 @@
 """The options of `edge-agent bench` (light: the CLI builds its parser without importing the bench).
 
-See agent/bench.py for what each section measures.
+See agent/bench/run.py for what each section measures.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
 SECTIONS = ("stages", "overhead", "sweep")  # the default
 KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode")
 
@@ -45,12 +45,19 @@ class BenchOptions:
     flap: int = 0  # isolation: cameras whose source drops them every flap_every_s, beside the steady ones
     flap_every_s: float = 2.0
     repeat: int = 1  # runs of each point (with --flap: rounds of the three variants, compared by medians)
-    shards: int = 1  # sweep and decode: the streams split over this many processes (agent/bench_shards.py)
+    shards: int = 1  # sweep and decode: the streams split over this many processes (agent/bench/shards.py)
     gpus: list[int] | None = None  # shard k on GPU gpus[k % len] (CUDA_VISIBLE_DEVICES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The bench options (the CLI's `bench` subcommand and `python -m agent.bench`)."""
+    """The bench options (the CLI's `bench` subcommand and `python -m agent.bench`), in --help's order."""
+    _what_arguments(p)
+    _stream_arguments(p)
+    _window_arguments(p)
+
+
+def _what_arguments(p: argparse.ArgumentParser) -> None:
+    """What runs: sections, model, clip, engine."""
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.add_argument(
         "--sections",
@@ -74,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="simulated engine: ms per batch (default 2; implies sim)",
     )
     p.add_argument("--slots", type=int, default=1, help="simulated engine: batches in flight at once")
+
+
+def _stream_arguments(p: argparse.ArgumentParser) -> None:
+    """The streams and the pipeline they go through."""
     p.add_argument("--streams", default="1,4,16", help="stream counts to sweep, e.g. 1,4,16")
     p.add_argument("--batch", default="1,4,8", help="max batch sizes to sweep, e.g. 1,4,8")
     p.add_argument(
@@ -102,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rtsp", help="streams read this RTSP URL ('{i}' becomes 1..N), e.g. from tools/rtsp_server.py"
     )
+
+
+def _window_arguments(p: argparse.ArgumentParser) -> None:
+    """The measured windows, isolation and shards."""
     p.add_argument("--warmup", type=float, default=2.0, help="seconds before each measured window")
     p.add_argument("--duration", type=float, default=10.0, help="seconds each measured window lasts")
     p.add_argument("--iterations", type=int, help="end each window after this many frames instead")
@@ -140,24 +155,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     if unknown:
         raise ValueError(f"--sections: unknown {unknown} (known: {', '.join(KNOWN_SECTIONS)})")
     engine = args.engine or "sim"
-    if args.engine_ms is not None and engine != "sim":
-        raise ValueError("--engine-ms is for the simulated engine (--engine sim)")
-    if args.preprocess == "gpu" and engine != "sim":
-        raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
-    if args.flap < 0 or args.flap_every <= 0 or args.repeat < 1:
-        raise ValueError("--flap must be >= 0, --flap-every > 0 and --repeat >= 1")
-    for flag, value in (("--warmup", args.warmup), ("--duration", args.duration), ("--fps", args.fps)):
-        if not value >= 0 or (flag == "--duration" and not value > 0):  # NaN fails both
-            low = "> 0" if flag == "--duration" else ">= 0"
-            raise ValueError(f"{flag}: expected a number {low}, got {value}")
-    if args.fps == 0 and not (args.decode or args.rtsp or args.decoder != "cpu"):
-        raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
-    if args.shards < 1:
-        raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
-    if args.shards > 1 and args.flap:
-        raise ValueError("--flap compares cameras inside one process: leave --shards at 1")
-    if "decode" in sections and not (args.decode or args.rtsp or args.decoder != "cpu"):
-        raise ValueError("--sections decode measures camera readers: give --decode, --decoder or --rtsp")
+    _check(args, sections, engine)
     gpus = _ints(args.gpus, "--gpus", zero=True) if args.gpus else None
     if args.flap and not (args.decode or args.rtsp or args.decoder != "cpu"):
         raise ValueError("--flap compares camera readers: give --decode (file readers) or --rtsp")
@@ -198,6 +196,28 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         shards=args.shards,
         gpus=gpus,
     )
+
+
+def _check(args: argparse.Namespace, sections: tuple[str, ...], engine: str) -> None:
+    """The options that cannot go together or are out of range (ValueError: a usage error)."""
+    if args.engine_ms is not None and engine != "sim":
+        raise ValueError("--engine-ms is for the simulated engine (--engine sim)")
+    if args.preprocess == "gpu" and engine != "sim":
+        raise ValueError("--preprocess gpu needs an engine that takes device input: the simulated one")
+    if args.flap < 0 or args.flap_every <= 0 or args.repeat < 1:
+        raise ValueError("--flap must be >= 0, --flap-every > 0 and --repeat >= 1")
+    for flag, value in (("--warmup", args.warmup), ("--duration", args.duration), ("--fps", args.fps)):
+        if not value >= 0 or (flag == "--duration" and not value > 0):  # NaN fails both
+            low = "> 0" if flag == "--duration" else ">= 0"
+            raise ValueError(f"{flag}: expected a number {low}, got {value}")
+    if args.fps == 0 and not (args.decode or args.rtsp or args.decoder != "cpu"):
+        raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
+    if args.shards < 1:
+        raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
+    if args.shards > 1 and args.flap:
+        raise ValueError("--flap compares cameras inside one process: leave --shards at 1")
+    if "decode" in sections and not (args.decode or args.rtsp or args.decoder != "cpu"):
+        raise ValueError("--sections decode measures camera readers: give --decode, --decoder or --rtsp")
 
 
 def _ints(text: str, flag: str, zero: bool = False) -> list[int]:

@@ -26,8 +26,12 @@ from typing import Any
 import numpy as np
 import psutil
 
-from agent.bench_args import BenchOptions
-from agent.bench_load import RunSpec, _pct
+from agent.bench.args import BenchOptions
+from agent.bench.engine import gpu_letterbox, make_backend
+from agent.bench.load import RunSpec, measure
+from agent.bench.stats import pct
+from agent.bench.streams import Readers, placed_frames, read_clip, stream_sources
+from pipelines.sources import FrameSlot, SourceSpec
 
 BARRIER_S = 300.0  # every shard loads its engine and CUDA state before the windows start together
 
@@ -107,8 +111,6 @@ def _point_child(
     try:
         import logging
 
-        from agent.bench import _backend, _gpu, _placed, _sources
-        from agent.bench_load import measure, read_clip
         from pipelines.models import make_adapter
 
         logging.basicConfig(level=logging.WARNING)
@@ -116,11 +118,11 @@ def _point_child(
         images: list[np.ndarray] = []
         keep: list[Any] = []
         if opts.rtsp is None and not opts.decode:  # looped copies in memory: this process's own
-            images, keep = _placed(opts, read_clip(opts.clip, opts.clip_frames, opts.resolution))
-        backend = _backend(opts, spec, recorded)
-        gpu = _gpu() if opts.preprocess == "gpu" else None
+            images, keep = placed_frames(opts, read_clip(opts.clip, opts.clip_frames, opts.resolution))
+        backend = make_backend(opts, spec, recorded)
+        gpu = gpu_letterbox() if opts.preprocess == "gpu" else None
         barrier.wait(BARRIER_S)
-        sources = _sources(opts, images, first=first)
+        sources = stream_sources(opts, images, first=first)
         run = measure(run_spec, backend, adapter, labels, sources, gpu, samples=True)
         for buf in keep:
             buf.free()
@@ -164,7 +166,7 @@ def merge(runs: list[dict[str, Any]], run_spec: RunSpec, parent_cpu_s: float, gp
         "dropped_stale": sum(r["dropped_stale"] for r in runs),
         "batches": batches,
         "mean_batch": round(total / batches, 2) if batches else None,
-        "latency_ms": _pct(ages.tolist()),
+        "latency_ms": pct(ages.tolist()),
         "cpu_ms_per_frame": round(cpu_s * 1000.0 / total, 3) if total else None,
         "cpu_percent": round(100.0 * cpu_s / seconds, 1) if seconds else None,
         "cpu_parent_s": round(parent_cpu_s, 3),
@@ -203,9 +205,6 @@ def merge(runs: list[dict[str, Any]], run_spec: RunSpec, parent_cpu_s: float, gp
 # ---- decode alone ------------------------------------------------------------------------------------------
 def _decode_child(k: int, opts: BenchOptions, streams: int, first: int, barrier: Any, results: Any) -> None:
     try:
-        from agent.bench_load import Readers
-        from pipelines.sources import FrameSlot, SourceSpec
-
         specs = []
         for i in range(first, first + streams):
             url = opts.rtsp.replace("{i}", str(i)) if opts.rtsp else str(opts.clip)

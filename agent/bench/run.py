@@ -1,0 +1,166 @@
+"""`edge-agent bench`: the whole pipeline under load, like trtexec for an engine.
+
+    edge-agent bench                                              # stages, overhead, sweep (simulated engine)
+    edge-agent bench --sections sweep --streams 16 --batch 8 --duration 300   # the long no-growth run
+    edge-agent bench --engine ort --streams 4 --batch 1,4         # ONNX Runtime vs its bare loop
+    edge-agent bench --resolution 1920x1080 --preprocess gpu --streams 16 --batch 8   # a GPU box
+    edge-agent bench --rtsp 'rtsp://127.0.0.1:8554/cam{i}' --streams 4   # tools/rtsp_server.py --mounts 4
+    edge-agent bench --sections sweep --decode --streams 6 --batch 8 --flap 1   # isolation: a flapping camera
+
+Sections (`--sections`, all by default):
+- stages: each stage of one frame at a time on the bundled clip with ONNX Runtime (decode, preprocess,
+  infer, postprocess, publish) and the sequential frame rate;
+- overhead: the agent's own cost per frame (scheduler, preprocess, postprocess, payload) with inference
+  replayed from recorded outputs, one frame at a time, at the clip's size and at 1920x1080;
+- sweep: N streams (N looped copies of the clip at --fps each, decoded once into memory; or real camera
+  readers with --decode / --rtsp) into the pipelined worker, for every --streams x --batch, after a
+  warm-up: offered and processed frames/s, frame age p50/p95/p99 at delivery, per-stage times, engine
+  busy time (device time), process CPU per frame, a timeline (throughput, age p95, RSS) for growth.
+  The engine is the simulated one (--engine sim: NanoDet outputs recorded with ONNX Runtime, replayed
+  with a fixed --engine-ms per batch that releases the GIL, --slots batches at once) or ONNX Runtime
+  itself (--engine ort, with its bare infer loop at the same batch as the baseline). With camera readers
+  each run also has `startup` (seconds from start to each camera streaming) and `camera_fps` (each
+  camera's own delivered rate); with --flap K each point runs twice, without and with K cameras whose
+  RTSP source drops them every --flap-every s, and `isolation` compares the steady cameras' share;
+- tracking (not in the default set): host CPU per frame of the tracker, of tracker + zones + lines, and
+  of the whole per-camera events hook at 1, 20 and 100 objects; IDF1 / ID switches on synthetic scenes,
+  also of the library trackers where installed; MQTT messages on the clip per configuration with
+  `publish.detections: off` (agent/bench/tracking.py).
+
+Writes bench.json and bench.png (throughput vs streams, latency vs batch; needs matplotlib) in --out and
+prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's dependencies are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agent.bench.args import BenchOptions, add_arguments, options_from_args
+from agent.bench.engine import engine_description
+from agent.bench.isolation import isolation
+from agent.bench.plot import plot
+from agent.bench.sequential import OVERHEAD_TARGET_MS, overhead_report, stages
+from agent.bench.streams import read_clip
+from agent.bench.summary import summary
+from agent.bench.sweep import against_decode, decode_section, readers_section, sweep
+from engines.runtimes.ort import OrtBackend
+from pipelines.models import make_adapter
+from pipelines.postprocess import load_labels
+
+RECORDED_FRAMES = 16  # outputs recorded with ONNX Runtime for the simulated engine to replay
+
+
+def run_bench(opts: BenchOptions) -> dict[str, Any]:
+    labels = load_labels(opts.labels)
+    if opts.postprocess == "graph":
+        opts = replace(opts, model=_grafted(opts, len(labels)))
+    ort = OrtBackend(str(opts.model), intra_threads=opts.threads)
+    ort.load()
+    input_spec = ort.input_spec
+    adapter = make_adapter(opts.format, input_spec, len(labels))
+    report: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "processor": platform.processor(),
+            "load_avg": list(os.getloadavg()),
+        },
+        "model": opts.model.name,
+        "clip": opts.clip.name,
+        "options": _jsonable(opts),
+    }
+    try:
+        if "stages" in opts.sections:
+            report.update(stages(opts, ort, adapter, labels))
+        if "readers" in opts.sections:
+            report["readers"] = readers_section(opts)
+        if "tracking" in opts.sections:
+            from agent.bench.tracking import tracking_report  # needs the config's pydantic: only when asked
+
+            report["tracking"] = tracking_report(str(opts.clip), ort, adapter, labels)
+        if "overhead" in opts.sections or "sweep" in opts.sections:
+            images = read_clip(opts.clip, max(opts.clip_frames, RECORDED_FRAMES), opts.resolution)
+            recorded = [ort.infer(adapter.preprocess([im])[0]) for im in images[:RECORDED_FRAMES]]
+            report["resolution"] = f"{images[0].shape[1]}x{images[0].shape[0]}"
+        if not (opts.engine == "ort" and "sweep" in opts.sections):
+            ort.close()  # its idle thread pool would only compete with (and be counted as) the agent
+        if "overhead" in opts.sections:
+            report["overhead_ms"] = overhead_report(opts, input_spec, recorded, adapter, labels, images)
+            report["overhead_target_ms"] = OVERHEAD_TARGET_MS
+        if "decode" in opts.sections:
+            report["decode_alone"] = decode_section(opts)
+        if "sweep" in opts.sections:
+            report["engine"] = engine_description(opts)
+            bare = ort if opts.engine == "ort" else None
+            report["runs"] = sweep(opts, input_spec, recorded, adapter, labels, images, bare)
+            against_decode(report)
+            if opts.flap:
+                report["isolation"] = isolation(report["runs"], opts)
+    finally:
+        ort.close()
+    report["summary"] = summary(report)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["plot"] = plot(report, opts.out / "bench.png")
+    return report
+
+
+def _grafted(opts: BenchOptions, classes: int) -> Path:
+    """The model with decode + NMS grafted on (what `tools/graft_model.py` writes), in --out."""
+    import onnx
+
+    from agent.config import ModelConfig  # the config's pydantic: only for --postprocess graph
+    from pipelines.models.graft import graft_postprocess
+
+    probe = OrtBackend(str(opts.model), intra_threads=1)
+    probe.load()
+    try:
+        adapter = make_adapter(opts.format, probe.input_spec, classes)
+    finally:
+        probe.close()
+    # The daemon's default threshold (models.M.graph_score_threshold), read from the config schema; the
+    # routes' min_score (0.4) is above it, as the daemon requires of a model's cameras.
+    threshold = ModelConfig.model_fields["graph_score_threshold"].default
+    model = graft_postprocess(onnx.load(str(opts.model)), adapter, score_threshold=threshold)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    path = opts.out / f"{opts.model.stem}-grafted.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _jsonable(opts: BenchOptions) -> dict[str, Any]:
+    out = {}
+    for k, v in vars(opts).items():
+        out[k] = str(v) if isinstance(v, Path) else (list(v) if isinstance(v, tuple) else v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agent.bench`: `edge-agent bench` where the CLI's dependencies are missing."""
+    import logging
+
+    p = argparse.ArgumentParser(prog="python -m agent.bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        print(f"edge-agent bench: {exc}", file=sys.stderr)
+        return 2
+    report = run_bench(opts)
+    print(report["summary"])
+    print(f"report: {opts.out / 'bench.json'}" + (f", plot: {report['plot']}" if report["plot"] else ""))
+    return 0
