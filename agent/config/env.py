@@ -9,12 +9,8 @@ from agent.config.errors import ConfigError, show
 from agent.config.strict import EnvText
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
 MAX_NODES = 100_000  # YAML aliases can make a small file expand exponentially ("billion laughs")
 MAX_DEPTH = 32
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

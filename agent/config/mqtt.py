@@ -23,7 +23,7 @@ class MqttTlsConfig(StrictModel):
         None, description="PEM client certificate (require_certificate brokers)"
     )
     key_file: ConfigPath | None = Field(None, description="the client certificate's unencrypted PEM key")
-    # DANGEROUS: no certificate and no host name verification (see agent.tls.TlsOptions). Only ever on
+    # DANGEROUS: no certificate and no host name verification (see agent.mqtt.tls.TlsOptions). Only ever on
     # when this key is written; nothing falls back to it.
     insecure: bool = False
 
