@@ -26,17 +26,18 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from agent import snapshot
-from agent.config import CameraConfig, ConfigError, EventsConfig
-from agent.topics import Topics, payload
-from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
-from pipelines.frames import Detections, Frame, host_image
+from agent.config import CameraConfig, EventsConfig
+from agent.events.publisher import EVENT_TYPES, Publisher
+from agent.events.regions import RegionStates
+from agent.events.settings import analytics_settings
+from agent.events.snapshots import TrackSnapshots
+from agent.mqtt.topics import Topics, payload
+from pipelines.analytics import Analysis, CameraAnalytics
+from pipelines.frames import Detections, Frame
 from pipelines.tracking import (
     BEST_BOX,
     BEST_FRAME,
@@ -50,98 +51,9 @@ from pipelines.tracking import (
     LAST_SEEN,
     POS,
     SCORE,
-    TrackerParams,
 )
-from pipelines.zones import RegionSpec
 
 log = logging.getLogger(__name__)
-
-EVENT_TYPES = ("new", "update", "end", "zone_enter", "zone_leave", "line_cross")
-_CROP_MARGIN = 0.15  # snapshot crops: the best box grown by this fraction of its size on each side
-
-
-class Publisher(Protocol):
-    """Where events go (the daemon's MQTT client as it is now: a reload may replace it)."""
-
-    @property
-    def topics(self) -> Topics: ...
-
-    def publish(self, topic: str, body: bytes, *, state: bool, qos: int) -> None: ...
-
-    def connected(self) -> bool: ...
-
-
-# ---- config -> settings ----
-def _class_ids(
-    key: str, names: list[str] | None, index: dict[str, int], source: str
-) -> tuple[int, ...] | None:
-    if names is None:
-        return None
-    unknown = [n for n in names if n not in index]
-    if unknown:
-        raise ConfigError(f"{key}: unknown label {unknown[0]!r} (labels: {source})")
-    return tuple(index[n] for n in names)
-
-
-def analytics_settings(
-    camera: str, cam: CameraConfig, labels: list[str], labels_src: str
-) -> AnalyticsSettings:
-    """The camera's analytics settings; ConfigError (naming the key) for a label not in the model's labels."""
-    index = {name: i for i, name in enumerate(labels)}
-    size = (cam.frame_size.w, cam.frame_size.h) if cam.frame_size is not None else None
-    zones = tuple(
-        RegionSpec(
-            "zone",
-            name,
-            tuple(z.polygon),
-            _class_ids(f"cameras.{camera}.zones.{name}.labels", z.labels, index, labels_src),
-            z.anchor,
-            z.inertia,
-            size if z.units == "pixels" else None,
-        )
-        for name, z in cam.zones.items()
-    )
-    lines = tuple(
-        RegionSpec(
-            "line",
-            name,
-            tuple(ln.points),
-            _class_ids(f"cameras.{camera}.lines.{name}.labels", ln.labels, index, labels_src),
-            ln.anchor,
-            1,
-            size if ln.units == "pixels" else None,
-        )
-        for name, ln in cam.lines.items()
-    )
-    tr = cam.tracking
-    new_score = tr.new_track_score if tr.new_track_score is not None else min(1.0, cam.min_score + 0.1)
-    # A camera limited to a low fps: a track survives at least two missed frames, and only a gap of more
-    # than three frame periods ends every track (else a 0.5 fps camera would reset at every frame).
-    period = 1.0 / cam.fps if cam.fps else 0.0
-    max_lost_s, reset_gap_s = max(tr.max_lost_s, 2.5 * period), max(tr.reset_gap_s, 3.5 * period)
-    params = TrackerParams(
-        high_score=cam.min_score,
-        new_score=new_score,
-        low_score=min(tr.low_score, cam.min_score),
-        match_iou=tr.match_iou,
-        min_hits=tr.min_hits,
-        max_lost_s=max_lost_s,
-    )
-    return AnalyticsSettings(params, cam.min_score, reset_gap_s, zones, lines)
-
-
-def track_floor(cam: CameraConfig) -> float:
-    """The score a camera's route keeps: down to tracking.low_score while tracking is on."""
-    return min(cam.min_score, cam.tracking.low_score) if cam.tracking.enabled else cam.min_score
-
-
-# ---- the publisher per camera ----
-@dataclass
-class _Snapshots:
-    """Crops of each track's best detection (aligned with the tracker's tracks); the camera's rate limit."""
-
-    crops: np.ndarray  # object array of HxWx3 uint8 crops (None until one is taken)
-    last_sent: float = -math.inf
 
 
 class CameraEvents:
@@ -157,17 +69,15 @@ class CameraEvents:
         self._cfg: EventsConfig = cam.events
         self._settings = analytics_settings(camera, cam, labels, labels_src)
         self.analytics = CameraAnalytics(self._settings, len(labels))
-        self._zone_labels = {n: z.labels or cam.classes for n, z in cam.zones.items()}
-        self._line_labels = {n: ln.labels or cam.classes for n, ln in cam.lines.items()}
+        self._regions = RegionStates(camera, out, self._label)
+        self._regions.configure(cam)
         # Per track (aligned with the tracker's tracks): wall clock and centre at its last event, and
         # whether its zones changed since.
         self._last_ts = np.zeros(0)
         self._last_xy = np.zeros((2, 0))
         self._pending = np.zeros(0, bool)
         self._announced = np.zeros(0, bool)  # had its `new` event (events.objects decides when)
-        self._snap = _Snapshots(np.empty(0, object))
-        self._published_zones: dict[str, bytes] = {}
-        self._published_lines: dict[str, bytes] = {}
+        self._snap = TrackSnapshots()
         self.counts: Counter[str] = Counter()  # events published, by type; also "snapshots", "errors"
         self.tracks_started = 0
         self._error_logged = -math.inf
@@ -223,29 +133,21 @@ class CameraEvents:
         lines that are gone are deleted; the others are published again."""
         settings = analytics_settings(self.camera, cam, labels, labels_src)  # raises before any change
         with self._lock:
-            gone_zones = set(self._published_zones) - set(cam.zones)
-            gone_lines = set(self._published_lines) - set(cam.lines)
+            gone_zones, gone_lines = self._regions.gone(cam)
             self._cfg = cam.events
             self.labels = labels
-            self._zone_labels = {n: z.labels or cam.classes for n, z in cam.zones.items()}
-            self._line_labels = {n: ln.labels or cam.classes for n, ln in cam.lines.items()}
+            self._regions.configure(cam)
             self._settings = settings
             result = self.analytics.reconfigure(settings, time.time())
             if result is not None:
                 self._emit(result, None)
-            topics = self._out.topics
-            for name in sorted(gone_zones):
-                self._out.publish(topics.zone(self.camera, name), b"", state=True, qos=1)
-                self._published_zones.pop(name, None)
-            for name in sorted(gone_lines):
-                self._out.publish(topics.line(self.camera, name), b"", state=True, qos=1)
-                self._published_lines.pop(name, None)
-            self._publish_states(force=True)
+            self._regions.delete(gone_zones, gone_lines)
+            self._regions.publish(self.analytics, force=True)
 
     def publish_states(self) -> None:
         """Every zone's and line's retained state (at start: zeros, replacing a previous run's)."""
         with self._lock:
-            self._publish_states(force=True)
+            self._regions.publish(self.analytics, force=True)
 
     def close(self, reason: str, clear: bool) -> None:
         """The camera stops (``reason`` stopped / removed): its tracks end; with ``clear`` its retained zone
@@ -253,13 +155,7 @@ class CameraEvents:
         self.reset(reason)
         if clear:
             with self._lock:
-                topics = self._out.topics
-                for name in sorted(self._published_zones):
-                    self._out.publish(topics.zone(self.camera, name), b"", state=True, qos=1)
-                for name in sorted(self._published_lines):
-                    self._out.publish(topics.line(self.camera, name), b"", state=True, qos=1)
-                self._published_zones.clear()
-                self._published_lines.clear()
+                self._regions.delete_all()
 
     def region_topics(self, topics: Topics) -> set[str]:
         """The retained zone and line topics this camera publishes now."""
@@ -276,8 +172,10 @@ class CameraEvents:
                 "tracks_active": int(np.count_nonzero(an.tracker.table[ID] > 0)),
                 "tracks_started": self.tracks_started,
                 "events": {k: self.counts.get(k, 0) for k in (*EVENT_TYPES, "snapshots", "errors")},
-                "zones": {z.name: self._zone_counts(j) for j, z in enumerate(an.zones.specs)},
-                "lines": {ln.name: self._line_counts(j)[0] for j, ln in enumerate(an.lines.specs)},
+                "zones": {z.name: self._regions.zone_counts(an, j) for j, z in enumerate(an.zones.specs)},
+                "lines": {
+                    ln.name: self._regions.line_counts(an, j)[0] for j, ln in enumerate(an.lines.specs)
+                },
             }
 
     # ---- emitting (under the lock) ----
@@ -292,14 +190,14 @@ class CameraEvents:
         if step.ended is not None and len(step.ended):
             if enabled:
                 self._ends(a, self._announced.take(step.ended.rows))
-            self._drop_crops(step.ended.rows)
+            self._snap.drop(step.ended.rows)
         n = a.table.shape[1]
         if a.reset is not None:
             self._follow(np.full(n, -1, np.intp), n)  # every track after a reset is new
         elif step.row_map is not None:
             self._follow(step.row_map, n)
         if frame is not None and self._cfg.snapshot.enabled and step.improved.size:
-            self._crop(a, frame)
+            self._snap.crop(a, frame)
         self.tracks_started += int(step.confirmed.size)
         if enabled:
             objects = self._cfg.objects
@@ -320,7 +218,7 @@ class CameraEvents:
             if objects != "none":
                 self._updates(a)
         if a.zones_changed or a.lines_changed:
-            self._publish_states(force=False)
+            self._regions.publish(self.analytics, force=False)
 
     def _follow(self, row_map: np.ndarray | None, n: int) -> None:
         if row_map is None:  # start afresh
@@ -336,10 +234,7 @@ class CameraEvents:
         announced = np.zeros(n, bool)
         announced[kept] = self._announced.take(src)
         self._last_ts, self._last_xy, self._pending, self._announced = last_ts, last_xy, pending, announced
-        if self._cfg.snapshot.enabled or self._snap.crops.size:
-            crops = np.empty(n, object)
-            crops[kept] = self._snap.crops.take(src) if self._snap.crops.size else None
-            self._snap.crops = crops
+        self._snap.follow(kept, src, n, self._cfg.snapshot.enabled)
 
     def _updates(self, a: Analysis) -> None:
         """``update`` events: zones changed or moved far since the object's last event, rate-limited."""
@@ -406,11 +301,11 @@ class CameraEvents:
             body["duration_s"] = round(float(col[LAST_SEEN] - col[FIRST_SEEN]), 3)
             body["zones"] = []
             body["entered_zones"] = self._zone_names(visited[k]) if visited is not None else []
-            body["snapshot"] = self._snapshot_due(ended.rows[k])
+            body["snapshot"] = self._snap.due(ended.rows[k], self._cfg, self._out.connected)
             self._send(body, a.ts)
             if body["snapshot"]:
                 self._send_snapshot(int(col[ID]), ended.rows[k])
-        self._drop_crops(ended.rows)
+        self._snap.drop(ended.rows)
 
     def _zone_event(self, tr: Any, a: Analysis) -> None:
         spec = self.analytics.zones.specs[tr.region]
@@ -440,7 +335,7 @@ class CameraEvents:
 
     def _line_event(self, tr: Any, a: Analysis) -> None:
         spec = self.analytics.lines.specs[tr.region]
-        counts, _ = self._line_counts(tr.region)
+        counts, _ = self._regions.line_counts(self.analytics, tr.region)
         body = {
             "type": "line_cross",
             "line": spec.name,
@@ -463,80 +358,10 @@ class CameraEvents:
             qos=1,
         )
 
-    # ---- retained zone and line states ----
-    def _zone_counts(self, j: int) -> dict[str, int]:
-        zones = self.analytics.zones
-        row = zones.counts[j] if j < len(zones.counts) else np.zeros(0, np.int64)
-        spec = zones.specs[j]
-        named = self._zone_labels.get(spec.name) or []
-        out = {label: 0 for label in named}
-        for cls in row.nonzero()[0].tolist():
-            out[self._label(cls)] = int(row[cls])
-        return out
-
-    def _line_counts(self, j: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        counts = self.analytics.lines.counts[j]  # (2, classes)
-        total = {"in": int(counts[0].sum()), "out": int(counts[1].sum())}
-        named = self._line_labels.get(self.analytics.lines.specs[j].name) or []
-        by_label = {label: {"in": 0, "out": 0} for label in named}
-        for cls in (counts[0] + counts[1]).nonzero()[0].tolist():
-            by_label[self._label(cls)] = {"in": int(counts[0, cls]), "out": int(counts[1, cls])}
-        return total, by_label
-
-    def _publish_states(self, force: bool) -> None:
-        topics = self._out.topics
-        for j, spec in enumerate(self.analytics.zones.specs):
-            counts = self._zone_counts(j)
-            total = sum(counts.values())
-            key = f"{total}:{sorted(counts.items())}".encode()
-            if not force and self._published_zones.get(spec.name) == key:
-                continue
-            self._published_zones[spec.name] = key
-            body = payload(
-                "zone", camera=self.camera, zone=spec.name, occupied=total > 0, count=total, counts=counts
-            )
-            self._out.publish(topics.zone(self.camera, spec.name), body, state=True, qos=1)
-        for j, spec in enumerate(self.analytics.lines.specs):
-            total, by_label = self._line_counts(j)
-            key = f"{total}:{sorted(by_label.items())}".encode()
-            if not force and self._published_lines.get(spec.name) == key:
-                continue
-            self._published_lines[spec.name] = key
-            body = payload("line", camera=self.camera, line=spec.name, counts=total, by_label=by_label)
-            self._out.publish(topics.line(self.camera, spec.name), body, state=True, qos=1)
-
-    # ---- best-detection snapshots ----
-    def _crop(self, a: Analysis, frame: Frame) -> None:
-        image = host_image(frame.image)
-        h, w = image.shape[:2]
-        for row in a.step.improved.tolist():
-            x1, y1, x2, y2 = a.table[BEST_BOX, row]
-            mx, my = (x2 - x1) * _CROP_MARGIN, (y2 - y1) * _CROP_MARGIN
-            left, top = max(0, int(x1 - mx)), max(0, int(y1 - my))
-            right, bottom = min(w, math.ceil(x2 + mx)), min(h, math.ceil(y2 + my))
-            if right > left and bottom > top:
-                self._snap.crops[row] = image[top:bottom, left:right].copy()
-
-    def _snapshot_due(self, row: int) -> bool:
-        crops = self._snap.crops
-        if not self._cfg.snapshot.enabled or row >= crops.size or crops[row] is None:
-            return False
-        now = time.monotonic()
-        if now - self._snap.last_sent < self._cfg.snapshot.min_interval_s or not self._out.connected():
-            return False
-        self._snap.last_sent = now
-        return True
-
     def _send_snapshot(self, track_id: int, row: int) -> None:
-        data = snapshot.jpeg(self._snap.crops[row], self._cfg.snapshot.quality)
+        data = self._snap.jpeg(row, self._cfg.snapshot.quality)
         self.counts["snapshots"] += 1
         self._out.publish(self._out.topics.track_snapshot(self.camera, track_id), data, state=False, qos=0)
-
-    def _drop_crops(self, rows: np.ndarray) -> None:
-        crops = self._snap.crops
-        for row in rows.tolist():
-            if row < crops.size:
-                crops[row] = None
 
     # ---- names ----
     def _label(self, cls: int) -> str:
@@ -545,6 +370,3 @@ class CameraEvents:
     def _zone_names(self, mask: np.ndarray) -> list[str]:
         specs = self.analytics.zones.specs
         return [specs[j].name for j in mask.nonzero()[0].tolist()]
-
-
-EventsFactory = Callable[[str, CameraConfig], CameraEvents]
