@@ -218,3 +218,22 @@ def mqtt_subscribe() -> Iterator[Callable[..., Subscriber]]:
     finally:
         for s in subs:
             s.close()
+
+
+_CLIENT_HOOKS = ("birth", "offline", "quiet", "commands", "answer", "shard")
+
+
+def mqtt_client(topics: Any, **kw: Any) -> Any:
+    """An MqttClient as the daemon makes it, for an `mqtt` section of the fields in `kw` (validated as the
+    config does; `tls` may also be a TlsOptions); the owner's hooks (birth, offline, quiet, commands,
+    answer, shard) pass through."""
+    import dataclasses
+
+    from agent.config import MqttConfig
+    from agent.mqtt import MqttClient
+    from agent.mqtt.tls import TlsOptions
+
+    hooks = {k: kw.pop(k) for k in _CLIENT_HOOKS if k in kw}
+    if isinstance(kw.get("tls"), TlsOptions):
+        kw["tls"] = dataclasses.asdict(kw["tls"])
+    return MqttClient(MqttConfig.model_validate(kw), topics, **hooks)

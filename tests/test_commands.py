@@ -15,7 +15,7 @@ import yaml
 from fixtures_agent import AgentProcess, bundled_model, wait
 from fixtures_mqtt import Broker, Subscriber, publish
 
-from agent.commands import MAX_PAYLOAD, CommandRouter, decode
+from agent.mqtt.commands import MAX_PAYLOAD, CommandRouter, decode
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"

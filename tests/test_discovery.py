@@ -65,19 +65,17 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import AgentConfig, ConfigError, parse_config
-from agent.discovery import (
-    AVAILABILITY_TEMPLATE,
+from agent.mqtt.discovery import (
     config_topics,
-    count_template,
-    detected_template,
     discovery_messages,
     node_filter,
     node_id,
     removed_topics,
     stale_topics,
 )
+from agent.mqtt.ha_templates import AVAILABILITY_TEMPLATE, count_template, detected_template
+from agent.mqtt.topics import Topics, payload
 from agent.results import detection_fields
-from agent.topics import Topics, payload
 from pipelines.frames import Detections, Frame
 from pipelines.scheduler import Result
 
@@ -760,13 +758,14 @@ def test_start_clears_configs_left_from_a_previous_run(
 AGENT = """
 import json, sys, time
 from agent.config import parse_config
-from agent.discovery import discovery_messages
+from agent.mqtt.discovery import discovery_messages
 from agent.mqtt import MqttClient
-from agent.topics import Topics, payload
+from agent.mqtt.topics import Topics, payload
 
 cfg = parse_config(json.loads(sys.argv[1]))
 topics = Topics(cfg.mqtt.prefix, cfg.device_id)
-client = MqttClient(topics=topics, host="127.0.0.1", port=int(sys.argv[2]), birth=lambda: {"state": "online"})
+mqtt = cfg.mqtt.model_copy(update={"host": "127.0.0.1", "port": int(sys.argv[2])})
+client = MqttClient(mqtt, topics, birth=lambda: {"state": "online"})
 client.start()
 for topic, body in discovery_messages(cfg, topics, "0.1.0").items():
     client.publish(topic, body, qos=1, retain=True, kind="state")

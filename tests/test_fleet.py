@@ -13,9 +13,9 @@ import yaml
 from fixtures_agent import AgentProcess, bundled_model, run_cli, wait
 from fixtures_mqtt import Broker, Message, Subscriber, publish
 
-from agent.config import ConfigError, parse_config
+from agent.config import ConfigError, MqttConfig, parse_config
 from agent.mqtt import MqttClient
-from agent.topics import Topics
+from agent.mqtt.topics import Topics
 
 PREFIX = "fleet-test"
 
@@ -111,7 +111,7 @@ def test_fleet_commands_are_answered_once_per_member_on_its_own_topic(
 
 def test_client_ids_are_unique_per_process() -> None:
     topics = Topics(PREFIX, "yard-a")
-    ids = {MqttClient(topics=topics).client_id for _ in range(5)}
+    ids = {MqttClient(MqttConfig(), topics).client_id for _ in range(5)}
     assert len(ids) == 5 and all(i.startswith(f"{PREFIX}-yard-a-") for i in ids)
 
 

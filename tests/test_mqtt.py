@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 from fixtures_agent import wait_until
-from fixtures_mqtt import Broker, Subscriber, publish
+from fixtures_mqtt import Broker, Subscriber, mqtt_client, publish
 
-from agent.commands import CommandError
 from agent.mqtt import MqttClient, MqttError, read_password_file
-from agent.topics import Topics, payload
+from agent.mqtt.commands import CommandError
+from agent.mqtt.topics import Topics, payload
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "edge-agent"
@@ -51,7 +51,7 @@ def make_client(request: pytest.FixtureRequest) -> Iterator[MakeClient]:
                 "cameras_total": 1,
             },
         )
-        c = MqttClient(topics=Topics(PREFIX, device), host="127.0.0.1", port=port, **kw)
+        c = mqtt_client(Topics(PREFIX, device), host="127.0.0.1", port=port, **kw)
         clients.append(c)
         if start:
             c.start()
@@ -172,9 +172,11 @@ def test_lwt_offline_when_the_process_is_killed(
 ) -> None:
     script = (
         "import sys, time\n"
+        "from agent.config import MqttConfig\n"
         "from agent.mqtt import MqttClient\n"
-        "from agent.topics import Topics\n"
-        "c = MqttClient(topics=Topics('edge-agent', 'lwt-dev'), host='127.0.0.1', port=int(sys.argv[1]))\n"
+        "from agent.mqtt.topics import Topics\n"
+        "cfg = MqttConfig(host='127.0.0.1', port=int(sys.argv[1]))\n"
+        "c = MqttClient(cfg, Topics('edge-agent', 'lwt-dev'))\n"
         "c.start()\n"
         "sys.exit(3) if not c.wait_connected(10) else print('ready', flush=True)\n"
         "time.sleep(60)\n"
@@ -239,7 +241,7 @@ def test_close_is_bounded_when_the_broker_is_gone(mqtt_broker: Broker, make_clie
 
 # ---- offline behaviour ---------------------------------------------------------------------------
 def _wait_failed_attempt(c: MqttClient) -> None:
-    # After a failed attempt the client waits >= reconnect_min_delay / 2 (jitter: 0.5 s): time to start the
+    # After a failed attempt the client waits >= reconnect_min_s / 2 (jitter: 0.5 s): time to start the
     # broker and a subscriber before the client can connect, so the subscriber sees everything.
     n = c.stats()["connect_failures"]
     assert wait_until(lambda: c.stats()["connect_failures"] > n, 10)
@@ -250,7 +252,7 @@ def test_broker_down_at_start_then_everything_is_delivered_in_order(
 ) -> None:
     broker = mqtt_broker_stopped
     t0 = time.monotonic()
-    c = make_client(broker.port, reconnect_max_delay=2)  # production: 30; keeps the test short
+    c = make_client(broker.port, reconnect_max_s=2)  # production: 30; keeps the test short
     assert time.monotonic() - t0 < 1.0, "start() must not block on a dead broker"
     t = c.topics
     c.publish(t.camera_state("gate"), payload("camera-state", state="starting"), kind="state")
@@ -281,7 +283,7 @@ def test_offline_queue_drops_oldest_and_counts(
     mqtt_broker_stopped: Broker, make_client: MakeClient, mqtt_subscribe: Callable[..., Subscriber]
 ) -> None:
     broker = mqtt_broker_stopped
-    c = make_client(broker.port, offline_queue=5, reconnect_max_delay=2)
+    c = make_client(broker.port, offline_queue=5, reconnect_max_s=2)
     topic = c.topics.detections("gate")
     for i in range(12):
         c.publish(topic, json.dumps({"i": i}).encode())
@@ -304,7 +306,7 @@ def test_reconnect_after_broker_restart_restores_retained_states(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.mqtt")
-    c = make_client(mqtt_broker.port, reconnect_max_delay=2)
+    c = make_client(mqtt_broker.port, reconnect_max_s=2)
     assert c.wait_connected(10)
     c.publish(c.topics.engine("det"), payload("engine", state="ready"), kind="state")
     mqtt_broker.stop()

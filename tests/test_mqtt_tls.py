@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 from fixtures_agent import wait_until
-from fixtures_mqtt import MOSQUITTO, Broker, Subscriber
+from fixtures_mqtt import MOSQUITTO, Broker, Subscriber, mqtt_client
 
 from agent.config import ConfigError, MqttConfig, load_config
 from agent.mqtt import MqttClient, MqttError, backoff_delay
-from agent.tls import TlsOptions
-from agent.topics import Topics
+from agent.mqtt.tls import TlsOptions
+from agent.mqtt.topics import Topics
 
 REPO = Path(__file__).resolve().parents[1]
 OPENSSL = shutil.which("openssl")
@@ -188,7 +188,7 @@ def make_client(request: pytest.FixtureRequest) -> Iterator[MakeClient]:
 
     def make(port: int, suffix: str = "", **kw: Any) -> MqttClient:
         device = request.node.name.replace("[", "-").replace("]", "") + suffix
-        c = MqttClient(topics=Topics(PREFIX, device), host="127.0.0.1", port=port, **kw)
+        c = mqtt_client(Topics(PREFIX, device), host="127.0.0.1", port=port, **kw)
         clients.append(c)
         c.start()
         return c
@@ -238,7 +238,7 @@ def test_verified_tls_with_ca_file_from_the_config_delivers(
         write_config(tmp_path, f"{{host: 127.0.0.1, port: {broker.port}, tls: {{ca_file: ca.pem}}}}")
     )
     assert cfg.mqtt.tls is not None and cfg.mqtt.tls.ca_file == tmp_path / "ca.pem"  # relative to the config
-    c = make_client(broker.port, tls=cfg.mqtt.tls.options())  # what Agent._make_mqtt passes
+    c = make_client(broker.port, tls=cfg.mqtt.tls)  # the validated section, as the daemon passes it
     assert c.wait_connected(10), c.stats()
     sub = mqtt_subscribe(broker.port, c.topics.detections("gate"), tls_context=pki.context())
     c.publish(c.topics.detections("gate"), b'{"i":1}', qos=1)
@@ -255,7 +255,7 @@ def test_wrong_ca_fails_clearly_once_without_traceback(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     broker = tls_broker()
-    c = make_client(broker.port, tls=TlsOptions(ca_file=pki.other_ca), reconnect_max_delay=1)
+    c = make_client(broker.port, tls=TlsOptions(ca_file=pki.other_ca), reconnect_max_s=1)
     failed_twice(c)
     failed_twice(c)  # more retries: still one line
     st = c.stats()
@@ -291,7 +291,7 @@ def test_client_certificate_required_and_missing_is_refused_clearly(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     broker = tls_broker(require_certificate=True)
-    c = make_client(broker.port, tls=TlsOptions(ca_file=pki.ca), reconnect_max_delay=1)
+    c = make_client(broker.port, tls=TlsOptions(ca_file=pki.ca), reconnect_max_s=1)
     failed_twice(c)
     assert not c.connected
     error = c.stats()["last_error"]
@@ -327,9 +327,7 @@ def test_username_and_password_file_over_tls(
 
     mqtt = _password_config(tmp_path, broker.port, AGENT_PASSWORD)
     assert mqtt.tls is not None and AGENT_PASSWORD not in repr(mqtt)
-    good = make_client(
-        broker.port, tls=mqtt.tls.options(), username=mqtt.username, password=mqtt.read_password()
-    )
+    good = make_client(broker.port, tls=mqtt.tls, username=mqtt.username, password=mqtt.read_password())
     assert good.wait_connected(10), good.stats()
     good.publish(good.topics.telemetry, b'{"n":1}')
     everything.wait_for(lambda m: any(t == good.topics.telemetry for t, _, _ in m))
@@ -337,10 +335,10 @@ def test_username_and_password_file_over_tls(
     bad = make_client(
         broker.port,
         "-bad",
-        tls=mqtt.tls.options(),
+        tls=mqtt.tls,
         username="agent",
         password=WRONG_PASSWORD,
-        reconnect_max_delay=1,
+        reconnect_max_s=1,
     )
     failed_twice(bad)
     failed_twice(bad)
@@ -391,7 +389,7 @@ def test_self_signed_broker_needs_insecure_by_name(
 ) -> None:
     caplog.set_level(logging.INFO)
     broker = tls_broker(self_signed=True)
-    verified = make_client(broker.port, tls=True, reconnect_max_delay=1)  # tls: true = system CA store
+    verified = make_client(broker.port, tls=True, reconnect_max_s=1)  # tls: true = system CA store
     failed_twice(verified)
     assert not verified.connected
     assert "certificate verify failed: self-signed certificate" in verified.stats()["last_error"]
@@ -438,7 +436,7 @@ def test_reconnects_within_the_configured_bound_after_the_broker_returns(
 ) -> None:
     cfg = MqttConfig()  # the daemon's defaults
     c = make_client(
-        mqtt_broker.port, reconnect_min_delay=cfg.reconnect_min_s, reconnect_max_delay=cfg.reconnect_max_s
+        mqtt_broker.port, reconnect_min_s=cfg.reconnect_min_s, reconnect_max_s=cfg.reconnect_max_s
     )
     assert c.wait_connected(10)
     mqtt_broker.stop()
@@ -459,13 +457,9 @@ def test_unexpected_connect_errors_do_not_end_the_network_thread(caplog: pytest.
     # 'a..b' makes the IDNA codec raise UnicodeError, which paho's loop does not catch: without _Paho
     # the network thread would end at the first attempt and never retry, without a word.
     caplog.set_level(logging.WARNING, logger="agent.mqtt")
-    c = MqttClient(
-        topics=Topics(PREFIX, "bad-host"),
-        host="a..b",
-        port=1883,
-        reconnect_min_delay=0.25,
-        reconnect_max_delay=0.5,
-    )
+    # The config refuses such a host: built unchecked, as a name that resolves badly would reach the client.
+    cfg = MqttConfig.model_construct(host="a..b", port=1883, reconnect_min_s=0.25, reconnect_max_s=0.5)
+    c = MqttClient(cfg, Topics(PREFIX, "bad-host"))
     try:
         c.start()
         failed_twice(c)
@@ -537,8 +531,11 @@ def test_tls_file_problems(tmp_path: Path, pki: Pki) -> None:
         assert str(err.value).startswith(f"{path}: mqtt.tls.{key}: {file}: {reason}"), str(err.value)
         assert "PRIVATE KEY" not in str(err.value) and "BEGIN" not in str(err.value)
     # The same check guards the client (a file that vanished between loading and connecting).
-    with pytest.raises(MqttError, match=r"^mqtt tls ca_file: .*nope\.pem: cannot read"):
-        MqttClient(topics=Topics(PREFIX, "d"), tls=TlsOptions(ca_file=tmp_path / "nope.pem"))
+    shutil.copy(pki.ca, tmp_path / "gone.pem")
+    cfg = MqttConfig.model_validate({"tls": {"ca_file": tmp_path / "gone.pem"}})
+    (tmp_path / "gone.pem").unlink()
+    with pytest.raises(MqttError, match=r"^mqtt tls ca_file: .*gone\.pem: cannot read"):
+        MqttClient(cfg, Topics(PREFIX, "d"))
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from fixtures_agent import AgentProcess, bundled_model, wait_until
 from fixtures_mqtt import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.mqtt.topics import payload
 from agent.telemetry import (
     LATENCY_BUCKETS_MS,
     LATENCY_BUCKETS_S,
@@ -29,7 +30,6 @@ from agent.telemetry import (
     StageWindow,
     build_telemetry,
 )
-from agent.topics import payload
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"

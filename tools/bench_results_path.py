@@ -37,12 +37,12 @@ def _free_port() -> int:
 
 
 def _client(port: int, shard: int | None) -> Any:
+    from agent.config import MqttConfig
     from agent.mqtt import MqttClient
-    from agent.topics import Topics
+    from agent.mqtt.topics import Topics
 
-    c = MqttClient(
-        topics=Topics("bench", "dev"), host="127.0.0.1", port=port, shard=shard, offline_queue=10**6
-    )
+    cfg = MqttConfig(host="127.0.0.1", port=port, offline_queue=10**6)
+    c = MqttClient(cfg, Topics("bench", "dev"), shard=shard)
     c.start()
     if not c.wait_connected(10):
         raise RuntimeError("no broker")

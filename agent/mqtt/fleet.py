@@ -22,7 +22,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.tls import TlsFileError, TlsOptions, client_context
+from agent.mqtt.tls import TlsFileError, TlsOptions, client_context
 
 MAX_PAYLOAD = 256 * 1024  # an agent's retained messages are a few hundred bytes
 COLUMNS = ("device", "state", "version", "cameras", "fps", "engines", "tensorrt", "last_seen")
@@ -82,33 +82,77 @@ def collect(
         raise FleetError(f"host {host!r}: must be a host name or IP address")
     if not (0 <= quiet_s < math.inf and 0 < timeout_s < math.inf):  # NaN fails both
         raise FleetError(f"quiet_s {quiet_s!r}, timeout_s {timeout_s!r}: must be finite, >= 0 and > 0")
-    views: dict[str, DeviceView] = {}
-    lock = threading.Lock()
-    subscribed = threading.Event()
-    failed: list[str] = []
-    last = [time.monotonic()]
-    head = f"{prefix}/"
+    reader = _Reader(prefix)
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id(), clean_session=True)
+    if username is not None:
+        c.username_pw_set(username, password)
+    if tls is not None:
+        try:
+            c.tls_set_context(client_context(tls))
+        except TlsFileError as exc:
+            raise FleetError(f"tls {exc}") from None
+        if tls.insecure:
+            c.tls_insecure_set(True)
+    c.on_connect, c.on_subscribe, c.on_message = reader.on_connect, reader.on_subscribe, reader.on_message
+    where = f"broker {host}:{port}"
+    try:
+        c.connect(host, port, keepalive=30)
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"{where}: not reachable ({getattr(exc, 'strerror', None) or exc})") from None
+    c.loop_start()
+    try:
+        return reader.wait(where, quiet_s, timeout_s)
+    finally:
+        c.disconnect()
+        c.loop_stop()
 
-    def on_connect(c: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+
+class _Reader:
+    """The retained messages under `prefix`, as paho's network thread delivers them."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self._head = prefix, f"{prefix}/"
+        self._views: dict[str, DeviceView] = {}
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self._failed: list[str] = []
+        self._last = time.monotonic()
+
+    def wait(self, where: str, quiet_s: float, timeout_s: float) -> dict[str, DeviceView]:
+        """The views once nothing new came for `quiet_s` after the subscription; FleetError on a refusal or
+        when the broker does not answer within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self._failed:
+            if self._subscribed.is_set() and time.monotonic() - self._last >= quiet_s:
+                break
+            time.sleep(0.05)
+        if self._failed:
+            raise FleetError(f"{where}: {self._failed[0]}")
+        if not self._subscribed.is_set():
+            raise FleetError(f"{where}: no answer within {timeout_s:g} s")
+        with self._lock:
+            return dict(self._views)
+
+    def on_connect(self, c: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
-            failed.append(f"refused the connection: {reason}")
+            self._failed.append(f"refused the connection: {reason}")
             return
-        c.subscribe([(f, 1) for f in filters(prefix)])
+        c.subscribe([(f, 1) for f in filters(self.prefix)])
 
-    def on_subscribe(_c: paho.Client, _u: Any, _mid: int, codes: Any, _p: Any) -> None:
+    def on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, codes: Any, _p: Any) -> None:
         refused = [str(code) for code in codes if code.is_failure]
         if refused:
-            failed.append(f"refused the subscription to {prefix}/+/...: {', '.join(refused)}")
-        last[0] = time.monotonic()
-        subscribed.set()
+            self._failed.append(f"refused the subscription to {self.prefix}/+/...: {', '.join(refused)}")
+        self._last = time.monotonic()
+        self._subscribed.set()
 
-    def on_message(_c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
-        if not msg.topic.startswith(head) or not msg.payload:  # empty: a deleted retained message
+    def on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        if not msg.topic.startswith(self._head) or not msg.payload:  # empty: a deleted retained message
             return
-        levels = msg.topic[len(head) :].split("/")
-        with lock:
-            last[0] = time.monotonic()
-            view = views.setdefault(levels[0], DeviceView())
+        levels = msg.topic[len(self._head) :].split("/")
+        with self._lock:
+            self._last = time.monotonic()
+            view = self._views.setdefault(levels[0], DeviceView())
             try:
                 body = json.loads(msg.payload) if len(msg.payload) <= MAX_PAYLOAD else None
             except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -123,39 +167,6 @@ def collect(
                 view.cameras[levels[2]] = body
             elif len(levels) == 3 and levels[1] == "engines":
                 view.engines[levels[2]] = body
-
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id(), clean_session=True)
-    if username is not None:
-        c.username_pw_set(username, password)
-    if tls is not None:
-        try:
-            c.tls_set_context(client_context(tls))
-        except TlsFileError as exc:
-            raise FleetError(f"tls {exc}") from None
-        if tls.insecure:
-            c.tls_insecure_set(True)
-    c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
-    where = f"broker {host}:{port}"
-    try:
-        c.connect(host, port, keepalive=30)
-    except (OSError, ValueError) as exc:
-        raise FleetError(f"{where}: not reachable ({getattr(exc, 'strerror', None) or exc})") from None
-    c.loop_start()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not failed:
-            if subscribed.is_set() and time.monotonic() - last[0] >= quiet_s:
-                break
-            time.sleep(0.05)
-        if failed:
-            raise FleetError(f"{where}: {failed[0]}")
-        if not subscribed.is_set():
-            raise FleetError(f"{where}: no answer within {timeout_s:g} s")
-        with lock:
-            return dict(views)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 def rows(views: Mapping[str, DeviceView], now: float | None = None) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from engines.plan import REQUESTABLE
+from engines.precision import REQUESTABLE
 
 log = logging.getLogger(__name__)
 

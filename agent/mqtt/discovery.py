@@ -31,7 +31,7 @@ Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
 
 Every entity is unavailable while the status topic says ``offline`` (graceful stop or the broker's last
 will after a crash), available for any other state (online, degraded, rebuilding: the agent runs).
-Validation rules are HA's, see tests/test_discovery.py.
+Validation rules are HA's, see tests/test_discovery.py; the value templates are in agent.mqtt.ha_templates.
 """
 
 from __future__ import annotations
@@ -45,84 +45,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import AgentConfig
-from agent.topics import Topics
+from agent.mqtt.ha_templates import (
+    AVAILABILITY_TEMPLATE,
+    FPS_TEMPLATE,
+    LATENCY_TEMPLATE,
+    OCCUPANCY_TEMPLATE,
+    STREAMING_ATTRIBUTES_TEMPLATE,
+    STREAMING_TEMPLATE,
+    count_template,
+    detected_template,
+    line_template,
+    zone_count_template,
+)
+from agent.mqtt.topics import Topics
 
 # HA's discovery topic matcher allows only these in node_id and object_id (mqtt/discovery.py).
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 # HA entity ids are lower-case letters, digits and single underscores (core.py VALID_ENTITY_ID).
 _ENTITY_UNSAFE = re.compile(r"[^a-z0-9]+")
-
-# Status -> availability. Only "offline" (graceful stop, or the broker's last will after kill -9) means
-# the agent is gone; degraded/rebuilding (and any state added later) mean it runs. A payload that is not
-# the status JSON renders '' and HA leaves availability as it was.
-AVAILABILITY_TEMPLATE = (
-    "{{ ('offline' if value_json.state == 'offline' else 'online')"
-    " if value_json is defined and value_json.state is defined else '' }}"
-)
-STREAMING_TEMPLATE = (
-    "{{ ('ON' if value_json.state == 'streaming' else 'OFF')"
-    " if value_json is defined and value_json.state is defined else '' }}"
-)
-# "state" is an attribute name HA blocks (MQTT_ATTRIBUTES_BLOCKED), hence camera_state.
-STREAMING_ATTRIBUTES_TEMPLATE = (
-    "{{ {'camera_state': value_json.state, 'fps_in': value_json.fps_in | default(none),"
-    " 'reconnects': value_json.reconnects | default(none),"
-    " 'last_error': value_json.last_error | default(none)} | tojson"
-    " if value_json is defined and value_json.state is defined else '{}' }}"
-)
-# 'None' is HA's PAYLOAD_NONE: the sensor becomes unknown instead of keeping a stale number.
-FPS_TEMPLATE = (
-    "{{ value_json.fps_out if value_json is defined and value_json.fps_out is number else 'None' }}"
-)
-LATENCY_TEMPLATE = (
-    "{{ value_json.latency_ms.total | round | int"
-    " if value_json is defined and value_json.latency_ms is mapping"
-    " and value_json.latency_ms.total is number else 'None' }}"
-)
-
-
-OCCUPANCY_TEMPLATE = (
-    "{{ ('ON' if value_json.occupied else 'OFF')"
-    " if value_json is defined and value_json.occupied is defined else '' }}"
-)
-
-
-def zone_count_template(label: str) -> str:
-    """Tracks with ``label`` in a zone, from its retained state (0 where the label is not there)."""
-    literal = json.dumps(label, ensure_ascii=False)
-    return (
-        f"{{{{ (value_json.counts[{literal}] if {literal} in value_json.counts else 0)"
-        " if value_json is defined and value_json.counts is mapping else 'None' }}"
-    )
-
-
-def line_template(direction: str) -> str:
-    """A line's total crossings in ``direction`` (in | out), from its retained state."""
-    literal = json.dumps(direction)
-    return (
-        f"{{{{ value_json.counts[{literal}] if value_json is defined and value_json.counts is mapping"
-        f" and value_json.counts[{literal}] is number else 'None' }}}}"
-    )
-
-
-def detected_template(label: str) -> str:
-    """ON while one detections payload has a detection with ``label``, else OFF ('' for a foreign payload)."""
-    literal = json.dumps(label, ensure_ascii=False)  # a safe Jinja string literal (see count_template)
-    return (
-        f"{{{{ ('ON' if value_json.detections | selectattr('label', 'equalto', {literal}) | list | length > 0"
-        " else 'OFF') if value_json is defined and value_json.detections is defined else '' }}"
-    )
-
-
-def count_template(label: str) -> str:
-    """Number of detections with ``label`` in one detections payload."""
-    # A JSON string is a valid Jinja string literal: Jinja unescapes \\, \" and \uXXXX the same way, so a
-    # label with quotes, backslashes or braces cannot break out of the literal.
-    literal = json.dumps(label, ensure_ascii=False)
-    return (
-        f"{{{{ value_json.detections | selectattr('label', 'equalto', {literal}) | list | length"
-        " if value_json is defined and value_json.detections is defined else 'None' }}"
-    )
 
 
 @dataclass(frozen=True)
@@ -235,7 +175,7 @@ def _expire_after(cfg: AgentConfig, entity: _Entity) -> int | None:
 
 
 def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: _Entity) -> dict[str, Any]:
-    cam = entity.camera
+    """The discovery config of `entity`: what every entity has, then what its kind adds."""
     body: dict[str, Any] = {
         "unique_id": f"{node}_{entity.object_id}",
         # HA >= 2025.10 takes the suggested entity id from default_entity_id (object_id is deprecated
@@ -264,8 +204,18 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
     expire = _expire_after(cfg, entity)
     if expire is not None:
         body["expire_after"] = expire
+    if entity.kind in ("streaming", "fps", "latency", "snapshot"):
+        return body | _camera_fields(topics, entity)
+    if entity.kind in ("count", "detected"):
+        return body | _detection_fields(topics, entity)
+    return body | _region_fields(topics, entity)
+
+
+def _camera_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
+    """The camera's own entities: streaming, fps, latency, snapshot."""
+    cam = entity.camera
     if entity.kind == "streaming":
-        body |= {
+        return {
             "name": f"{cam} streaming",
             "state_topic": topics.camera_state(cam),
             "value_template": STREAMING_TEMPLATE,
@@ -276,8 +226,8 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "json_attributes_topic": topics.camera_state(cam),
             "json_attributes_template": STREAMING_ATTRIBUTES_TEMPLATE,
         }
-    elif entity.kind == "fps":
-        body |= {
+    if entity.kind == "fps":
+        return {
             "name": f"{cam} fps",
             "state_topic": topics.camera_state(cam),
             "value_template": FPS_TEMPLATE,
@@ -286,8 +236,8 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "suggested_display_precision": 1,
             "entity_category": "diagnostic",
         }
-    elif entity.kind == "latency":
-        body |= {
+    if entity.kind == "latency":
+        return {
             "name": f"{cam} latency",
             "state_topic": topics.detections(cam),
             "value_template": LATENCY_TEMPLATE,
@@ -299,35 +249,37 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             # One state per frame per camera would flood HA's recorder: opt-in.
             "enabled_by_default": False,
         }
-    elif entity.kind == "count":
-        label = entity.label or ""  # always set for counts
-        body |= {
+    # snapshot: HA's MQTT image platform; the payload is the JPEG itself (no state_topic, no template).
+    return {"name": f"{cam} snapshot", "image_topic": topics.snapshot(cam), "content_type": "image/jpeg"}
+
+
+def _detection_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
+    """Per label: how many are seen (count), whether any is (detected)."""
+    cam, label = entity.camera, entity.label or ""  # always set for these kinds
+    if entity.kind == "count":
+        return {
             "name": f"{cam} {label} count",
             "state_topic": topics.detections(cam),
             "value_template": count_template(label),
             "unit_of_measurement": "objects",
             "state_class": "measurement",
         }
-    elif entity.kind == "detected":
-        label = entity.label or ""  # always set for "detected"
-        body |= {
-            "name": f"{cam} {label} detected",
-            "state_topic": topics.detections(cam),
-            "value_template": detected_template(label),
-            "payload_on": "ON",
-            "payload_off": "OFF",
-            "device_class": "occupancy",
-        }
-    elif entity.kind == "snapshot":
-        # HA's MQTT image platform: the payload is the JPEG itself (no state_topic, no template).
-        body |= {
-            "name": f"{cam} snapshot",
-            "image_topic": topics.snapshot(cam),
-            "content_type": "image/jpeg",
-        }
-    elif entity.kind == "zone_occupancy":
+    return {
+        "name": f"{cam} {label} detected",
+        "state_topic": topics.detections(cam),
+        "value_template": detected_template(label),
+        "payload_on": "ON",
+        "payload_off": "OFF",
+        "device_class": "occupancy",
+    }
+
+
+def _region_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
+    """Zones (occupancy, count per label) and lines (crossings each way)."""
+    cam = entity.camera
+    if entity.kind == "zone_occupancy":
         zone = entity.region or ""
-        body |= {
+        return {
             "name": f"{cam} {zone} occupancy",
             "state_topic": topics.zone(cam, zone),
             "value_template": OCCUPANCY_TEMPLATE,
@@ -335,25 +287,23 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
             "payload_off": "OFF",
             "device_class": "occupancy",
         }
-    elif entity.kind == "zone_count":
+    if entity.kind == "zone_count":
         zone, label = entity.region or "", entity.label or ""
-        body |= {
+        return {
             "name": f"{cam} {zone} {label} count",
             "state_topic": topics.zone(cam, zone),
             "value_template": zone_count_template(label),
             "unit_of_measurement": "objects",
             "state_class": "measurement",
         }
-    else:  # line_in / line_out
-        line, direction = entity.region or "", entity.kind.removeprefix("line_")
-        body |= {
-            "name": f"{cam} {line} {direction}",
-            "state_topic": topics.line(cam, line),
-            "value_template": line_template(direction),
-            "unit_of_measurement": "crossings",
-            "state_class": "total_increasing",
-        }
-    return body
+    line, direction = entity.region or "", entity.kind.removeprefix("line_")  # line_in / line_out
+    return {
+        "name": f"{cam} {line} {direction}",
+        "state_topic": topics.line(cam, line),
+        "value_template": line_template(direction),
+        "unit_of_measurement": "crossings",
+        "state_class": "total_increasing",
+    }
 
 
 def discovery_messages(cfg: AgentConfig, topics: Topics, version: str) -> dict[str, bytes]:
