@@ -12,13 +12,16 @@ from typing import Any
 import pytest
 
 from agent.config import AgentConfig, parse_config
+from agent.lifecycle import builds as builds_mod
 from agent.lifecycle import manager as manager_mod
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.serving import OrtOnly
-from agent.shards import sharded
+from agent.shards import engines as shard_engines
+from agent.shards.engines import gpu_models
 from agent.shards.placement import place
-from agent.shards.sharded import ShardedAgent, gpu_models
-from engines.gpu_probe import GpuInfo
+from agent.shards.sharded import ShardedAgent
+from engines.buildproc import Result
+from engines.cuda.gpu_probe import GpuInfo
 
 NAMES = {0: ("NVIDIA L4", "8.9"), 1: ("NVIDIA A2", "8.6"), 2: ("NVIDIA L4", "8.9")}
 
@@ -61,7 +64,7 @@ def test_gpu_models_names_each_pinned_shard() -> None:
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sharded, "gpu_models", lambda plan: gpu_models(plan, fake_info))
+    monkeypatch.setattr(shard_engines, "gpu_models", lambda plan: gpu_models(plan, fake_info))
 
 
 def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
@@ -82,7 +85,7 @@ def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
 
 
 def test_same_gpu_model_everywhere_keeps_one_lifecycle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sharded, "gpu_models", lambda plan: gpu_models(plan, lambda i: fake_info(0)))
+    monkeypatch.setattr(shard_engines, "gpu_models", lambda plan: gpu_models(plan, lambda i: fake_info(0)))
     agent = ShardedAgent(cfg_of([0, 1]))
     assert list(agent.managers) == [None]
 
@@ -96,10 +99,10 @@ def test_engine_state_lists_each_gpu_models_plan(fake_nvml: None) -> None:
             sent.append((topic, body))
 
     agent.mqtt = FakeMqtt()  # type: ignore[assignment]
-    agent._own_engine_state(
+    agent.shard_engines.own_state(
         "m", {"state": "ready", "key": "aaa", "precision": "fp16"}, group="NVIDIA L4, sm 8.9"
     )
-    agent._own_engine_state("m", {"state": "building", "key": None}, group="NVIDIA A2, sm 8.6")
+    agent.shard_engines.own_state("m", {"state": "building", "key": None}, group="NVIDIA A2, sm 8.6")
     import json
 
     last = json.loads(sent[-1][1])
@@ -128,20 +131,14 @@ def test_a_lifecycle_of_one_gpu_fingerprints_and_builds_on_it(
     assert seen["gpu_index"] == 1
 
     class FakeJob:
-        def wait(self) -> dict[str, Any]:
-            return {
-                "event": "result",
-                "ok": False,
-                "error": "fake",
-                "error_type": "Fake",
-                "precision": "fp16",
-            }
+        def wait(self) -> Result:
+            return Result({"ok": False, "error": "fake", "error_type": "Fake", "precision": "fp16"})
 
     def fake_start_job(request: Any, on_event: Any, env: dict[str, str] | None = None) -> FakeJob:
         seen["env"] = env
         return FakeJob()
 
-    monkeypatch.setattr(manager_mod, "start_job", fake_start_job)
+    monkeypatch.setattr(builds_mod, "start_job", fake_start_job)
     me = manager_mod.ModelEngine.__new__(manager_mod.ModelEngine)
     me.lock = threading.Lock()
     me.job = None

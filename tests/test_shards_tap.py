@@ -1,4 +1,4 @@
-"""Frames for a build across the shard pipe: the supervisor's tap (agent.shards.sharded._RemoteTap through
+"""Frames for a build across the shard pipe: the supervisor's tap (agent.shards.engines.RemoteTap through
 ShardHost.stream) over a real multiprocessing pipe to the shard's serve loop and its real FrameTap, fed
 with results as the model's worker would feed it."""
 
@@ -14,9 +14,9 @@ import numpy as np
 from agent.config import RestartConfig
 from agent.lifecycle.calibration import FrameTap
 from agent.shards.child import _serve
+from agent.shards.engines import RemoteTap
 from agent.shards.host import ShardHost
 from agent.shards.link import ShardLink
-from agent.shards.sharded import _RemoteTap
 from pipelines.frames import Detections, Frame
 from pipelines.scheduler import Result
 
@@ -61,13 +61,13 @@ def test_remote_tap_streams_the_shard_pipelines_frames() -> None:
     feeder = threading.Thread(target=_feed, args=(tap, stop), daemon=True)
     feeder.start()
     try:
-        got = list(_RemoteTap(host, "det", 1.0).frames(6, 0.05, 10.0))
+        got = list(RemoteTap(host, "det", 1.0).frames(6, 0.05, 10.0))
         assert len(got) == 6
         assert {origin.split("#")[0] for _, origin in got} == {"camera:a", "camera:b"}
         assert all(image.shape == (8, 8, 3) and image.dtype == np.uint8 for image, _ in got)
         assert not host._streams  # the request is closed
         # A second capture after the first ended works (the shard's tap is free again).
-        assert len(list(_RemoteTap(host, "det", 1.0).frames(2, 0.05, 10.0))) == 2
+        assert len(list(RemoteTap(host, "det", 1.0).frames(2, 0.05, 10.0))) == 2
     finally:
         stop.set()
 
@@ -76,7 +76,7 @@ def test_remote_tap_of_a_model_the_shard_does_not_run_ends_empty() -> None:
     host, stop, _ = _linked({})
     try:
         t0 = time.monotonic()
-        assert list(_RemoteTap(host, "other", 1.0).frames(3, 0.05, 10.0)) == []
+        assert list(RemoteTap(host, "other", 1.0).frames(3, 0.05, 10.0)) == []
         assert time.monotonic() - t0 < 5
     finally:
         stop.set()
@@ -85,7 +85,7 @@ def test_remote_tap_of_a_model_the_shard_does_not_run_ends_empty() -> None:
 def test_remote_tap_ends_when_the_shard_goes() -> None:
     tap = FrameTap()  # never fed: the capture would wait for its timeout
     host, stop, _ = _linked({"det": tap})
-    frames = _RemoteTap(host, "det", 1.0).frames(3, 0.05, 30.0)
+    frames = RemoteTap(host, "det", 1.0).frames(3, 0.05, 30.0)
     ended: list[int] = []
 
     def consume() -> None:

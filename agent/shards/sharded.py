@@ -15,17 +15,11 @@ problem, not a reason for systemd to restart the service).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from agent import __version__
 from agent.config import AgentConfig
@@ -38,32 +32,18 @@ from agent.reload import ReloadPlan
 from agent.service.notify import Notifier, extending
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Progress, Supervisor
+from agent.shards import status
+from agent.shards.engines import ShardEngines
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan, place
-from agent.telemetry import Metrics, StageWindow, build_telemetry, process_stats
-from engines.cuda.gpu_probe import NVML, GpuInfo
+from agent.telemetry import Metrics, StageWindow, process_stats
 
 log = logging.getLogger(__name__)
 
 START_S = 300.0  # every shard started (models loaded, cameras tried) or failed, at start-up
 HUNG_S = 30.0  # a running shard silent this long (no progress report) is killed and restarted
-STALE_S = 5.0  # a running shard's last report older than this: its models count as not running
 REQUEST_S = 15.0  # snapshot from a shard
 RELOAD_S = 300.0  # a shard applying its part of a reload (it may open a model)
-
-
-def _no_swap(_model: str, _backend: Any) -> None:
-    """The supervisor serves nothing: each shard's watcher swaps the new plan in."""
-
-
-def gpu_models(plan: ShardPlan, info: Callable[[int], GpuInfo | None] = NVML.info) -> dict[int, str | None]:
-    """Shard -> the model of its GPU ("NVIDIA H100 80GB HBM3, sm 9.0"), None where the shard is not pinned
-    to a GPU or NVML cannot say."""
-    out: dict[int, str | None] = {}
-    for k, gpu in enumerate(plan.gpus):
-        gi = info(gpu) if gpu is not None else None
-        out[k] = f"{gi.name}, sm {gi.compute_capability}" if gi is not None and gi.name else None
-    return out
 
 
 def part_of(cfg: AgentConfig, plan: ShardPlan, k: int) -> AgentConfig:
@@ -112,11 +92,7 @@ class ShardedAgent(DeviceOwner):
         self.cameras: dict[str, tuple[str, str | None]] = {}  # state and reason, as the shards report them
         self._progress: dict[int, tuple[Progress, float]] = {}
         self._telemetry: dict[int, dict[str, Any]] = {}
-        self._engine_own: dict[str, dict[str, Any]] = {}
-        self._engine_shards: dict[str, dict[int, dict[str, Any]]] = {}
-        self.gpu_model = gpu_models(self.plan)
-        self.managers = self._managers(cfg)
-        self.engines = self.managers[self._group(0)]  # the first shard's GPU model: the state's own fields
+        self.shard_engines = ShardEngines(self, cfg)
         self.hosts = [self._host(k) for k in range(self.plan.count)]
         self._threads: list[threading.Thread] = []
 
@@ -124,6 +100,16 @@ class ShardedAgent(DeviceOwner):
         return ShardHost(
             k, self.plan.gpus[k], part_of(self.cfg, self.plan, k), self.level, self, self.cfg.pipeline.restart
         )
+
+    @property
+    def managers(self) -> dict[str | None, EngineManager]:
+        """One engine lifecycle per GPU model the shards run on (agent.shards.engines)."""
+        return self.shard_engines.managers
+
+    @property
+    def engines(self) -> EngineManager:
+        """The first shard's GPU model's lifecycle: the engine state's own fields."""
+        return self.shard_engines.primary
 
     # ---- start ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -215,11 +201,10 @@ class ShardedAgent(DeviceOwner):
             self._telemetry[k] = msg[1]
             self.stages.absorb(msg[2])
         elif kind == "engine":
-            self._engine_shards.setdefault(msg[1], {})[k] = msg[2]
-            self._publish_engine(msg[1])
+            self.shard_engines.shard_state(k, msg[1], msg[2])
         elif kind == "rebuild":
             _, model, force, precision, reasons = msg
-            manager = self.managers[self._group(k)]
+            manager = self.shard_engines.manager_of(k)
             if model in manager.models:
                 manager.rebuild(model, force=force, precision=precision, reasons=reasons)
         else:
@@ -227,26 +212,8 @@ class ShardedAgent(DeviceOwner):
 
     # ---- progress, status ------------------------------------------------------------------------------
     def progress(self) -> Progress:
-        """Every shard's cameras and models (as "model (shard k)"); a shard waiting for its restart shows
-        its cameras as reconnecting and no model; one that stopped reporting shows its models not running."""
-        now = time.monotonic()
-        cams: dict[str, str] = {}
-        models = {}
-        fps = 0.0
-        for host in self.hosts:
-            k = host.index
-            entry = self._progress.get(k) if host.state == "running" else None
-            if entry is None:  # not reporting yet (starting), or waiting for its restart
-                state = "starting" if host.state in ("starting", "running") else "reconnecting"
-                cams.update({c: state for c in self.plan.of(k)})
-                continue
-            p, at = entry
-            cams.update(p.cameras)
-            fps += p.fps
-            fresh = now - at <= STALE_S
-            for name, m in p.models.items():
-                models[f"{name} (shard {k})"] = replace(m, running=m.running and fresh)
-        return Progress(cams, models, fps)
+        """Every shard's cameras and models (agent.shards.status)."""
+        return status.progress(self.hosts, self.plan, self._progress, time.monotonic())
 
     def _up(self) -> int:
         return sum(1 for s, _ in self.cameras.values() if s == "streaming")
@@ -294,83 +261,12 @@ class ShardedAgent(DeviceOwner):
     def _cameras_total(self) -> int:
         return len(self.plan.cameras)
 
-    # ---- engines ---------------------------------------------------------------------------------------
-    def _managers(self, cfg: AgentConfig) -> dict[str | None, EngineManager]:
-        """One engine lifecycle per GPU model the shards run on (one plan each, built on one GPU of that
-        model, one build at a time); a single one where every shard's GPU is the same model."""
-        first: dict[str, int] = {}
-        for k, label in self.gpu_model.items():
-            gpu = self.plan.gpus[k]
-            if label is not None and gpu is not None:
-                first.setdefault(label, gpu)
-        if len(first) < 2:
-            return {
-                None: EngineManager(
-                    cfg, self._own_engine_state, _no_swap, __version__, frames_for=self._tap, serve=False
-                )
-            }
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # probes count GPUs as NVML does
-        gate = threading.Lock()
-        return {
-            label: EngineManager(
-                cfg,
-                functools.partial(self._own_engine_state, group=label),
-                _no_swap,
-                __version__,
-                frames_for=functools.partial(self._tap, group=label),
-                serve=False,
-                gpu=gpu,
-                build_gate=gate,
-            )
-            for label, gpu in first.items()
-        }
-
-    def _group(self, k: int) -> str | None:
-        return self.gpu_model.get(k) if len(self.managers) > 1 else None
-
-    def _own_engine_state(self, model: str, fields: dict[str, Any], group: str | None = None) -> None:
-        self._engine_own.setdefault(model, {})[group] = dict(fields)
-        self._publish_engine(model)
-
-    def _publish_engine(self, model: str) -> None:
-        """The supervisor's state of the model (checks, builds), with what each shard serves."""
-        groups = self._engine_own.get(model, {})
-        own = groups.get(self._group(0))
-        if own is None or self.mqtt is None:
-            return
-        shards = {
-            str(k): {f: s.get(f) for f in ("state", "backend", "precision", "key", "loaded") if f in s}
-            for k, s in sorted(self._engine_shards.get(model, {}).items())
-        }
-        extra: dict[str, Any] = {"shards": shards}
-        if len(self.managers) > 1:  # GPUs of different models: each model's own plan and state
-            keep = ("state", "backend", "precision", "key", "error", "progress")
-            extra["gpu_models"] = {g: {f: v.get(f) for f in keep if f in v} for g, v in groups.items()}
-        body = payload("engine", model=model, **{**own, **extra})
-        self.mqtt.publish(self.topics.engine(model), body, qos=1, retain=True, kind="state")
-
-    def _tap(self, model: str, group: str | None = None) -> _RemoteTap | None:
-        """Frames for a build of `model` (gate, INT8): from the running shard with most of its cameras
-        (of the GPU model the build is for, where there are several)."""
-        counts: dict[int, int] = {}
-        for cam, k in self.plan.cameras.items():
-            if group is not None and self.gpu_model.get(k) != group:
-                continue
-            if self.cfg.cameras[cam].model == model and self.hosts[k].state == "running":
-                counts[k] = counts.get(k, 0) + 1
-        if not counts:
-            return None
-        k = max(counts, key=lambda i: (counts[i], -i))
-        total = sum(1 for c in self.plan.cameras if self.cfg.cameras[c].model == model)
-        return _RemoteTap(self.hosts[k], model, total / counts[k])
-
     # ---- commands -------------------------------------------------------------------------------------
     def _rebuild_targets(self) -> list[str]:
         return list(self.engines.models)
 
     def _rebuild(self, model: str, force: bool, precision: str | None) -> bool:
-        # Every GPU model's lifecycle (evaluated for each: no short cut).
-        return any([m.rebuild(model, force=force, precision=precision) for m in self.managers.values()])
+        return self.shard_engines.rebuild(model, force, precision)
 
     def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
         k = self.plan.cameras.get(req.camera)
@@ -398,51 +294,8 @@ class ShardedAgent(DeviceOwner):
 
     # ---- telemetry and the shards' health ---------------------------------------------------------------
     def telemetry_fields(self) -> dict[str, Any]:
-        cams: dict[str, Any] = {}
-        backends: dict[str, Any] = {}
-        fills = []
-        cpu, rss = 0.0, 0.0
-        shards = []
-        device_mb = NVML.process_memory()
-        for host in self.hosts:
-            t = self._telemetry.get(host.index) if host.state == "running" else None
-            row: dict[str, Any] = {"shard": host.index, "state": host.state, "pid": host.pid, "gpu": host.gpu}
-            row.update(restarts=host.restarts, last_exit=host.last_exit, cameras=self.plan.of(host.index))
-            row["device_memory_mb"] = device_mb.get(host.pid) if host.pid is not None else None
-            if host.failure:
-                row["failure"] = host.failure
-            if t is not None:
-                cams.update(t.get("cameras", {}))
-                backends.update(t.get("backend") or {})
-                if t.get("batch_fill") is not None:
-                    fills.append(t["batch_fill"])
-                proc = t.get("process") or {}
-                cpu += proc.get("cpu_percent") or 0.0
-                rss += proc.get("rss_mb") or 0.0
-                row["process"] = proc
-            shards.append(row)
-        own = process_stats()
-        fields = build_telemetry(
-            cameras=cams,
-            stages=self.stages.summary(),
-            backend=backends,
-            batch_fill=round(float(np.mean(fills)), 3) if fills else None,
-            process={
-                "cpu_percent": round(cpu + (own.get("cpu_percent") or 0.0), 1),
-                "rss_mb": round(rss + (own.get("rss_mb") or 0.0), 1),
-                "processes": 1 + sum(1 for s in shards if "process" in s),
-            },
-            mqtt={**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None,
-        )
-        fields["shards"] = shards
-        for idx, gpu in (fields.get("gpu") or {}).items():  # which shards and NVDEC sessions each GPU has
-            mine = [s for s in shards if s["gpu"] is not None and str(s["gpu"]) == idx]
-            gpu["shards"] = [s["shard"] for s in mine]
-            names = {c for s in mine for c in s["cameras"]}
-            gpu["nvdec_sessions"] = sum(
-                1 for c, row in cams.items() if c in names and row.get("decoder") == "nvdec"
-            )
-        return fields
+        mqtt = {**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None
+        return status.telemetry_fields(self.hosts, self.plan, self._telemetry, self.stages, mqtt)
 
     def _telemetry_loop(self) -> None:
         while not self._stop.wait(self.cfg.telemetry.interval_s):
@@ -460,21 +313,16 @@ class ShardedAgent(DeviceOwner):
         """A running shard that stopped reporting (hung: a deadlock, a decoder stuck in a driver call) is
         killed; its host restarts it."""
         while not self._stop.wait(1.0):
-            now = time.monotonic()
-            for host in self.hosts:
-                entry = self._progress.get(host.index)
-                if host.state == "running" and entry is not None and now - entry[1] > HUNG_S:
-                    log.error(
-                        "shard %d: no report for %.0f s; killing it (it restarts)", host.index, now - entry[1]
-                    )
-                    self._progress.pop(host.index, None)
-                    host.kill()
+            for host, silent_s in status.hung(self.hosts, self._progress, time.monotonic(), HUNG_S):
+                log.error("shard %d: no report for %.0f s; killing it (it restarts)", host.index, silent_s)
+                self._progress.pop(host.index, None)
+                host.kill()
 
     # ---- reload (agent.owner reads and checks the file) ----------------------------------------------
     def _apply_reload(self, new: AgentConfig, plan: ReloadPlan) -> str:
         placement = place(new, previous=self.plan.cameras, count=self.plan.count)
         old, old_plan = self.cfg, self.plan
-        self._apply_engines(new, plan)
+        self.shard_engines.apply(new, plan)
         if plan.mqtt:
             client = self._make_mqtt(new, Topics(new.mqtt.prefix, new.device_id))
             previous, self.mqtt, self.topics = self.mqtt, client, Topics(new.mqtt.prefix, new.device_id)
@@ -482,8 +330,7 @@ class ShardedAgent(DeviceOwner):
                 previous.close()
             if client is not None:
                 client.start()
-                for manager in self.managers.values():
-                    manager.republish()
+                self.shard_engines.republish()
         self.cfg, self.plan = new, placement
         errors = []
         for host in self.hosts:  # each shard applies its part in place, as a single process would
@@ -503,15 +350,6 @@ class ShardedAgent(DeviceOwner):
             raise RuntimeError(f"applied in part ({summary}); " + "; ".join(errors))
         return summary
 
-    def _apply_engines(self, new: AgentConfig, plan: Any) -> None:
-        for manager in self.managers.values():
-            for name in plan.models_removed + plan.models_changed:
-                manager.retire(manager.detach(name))
-            manager.reconfigure(new)
-            for name in plan.models_added + plan.models_changed:
-                manager.open(name, new)
-            manager.start_pending()
-
     # ---- stop -----------------------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
@@ -528,17 +366,3 @@ class ShardedAgent(DeviceOwner):
             self.mqtt.close()
         self._signals.restore()
         log.info("edge-agent stopped in %.2f s (%d shards)", time.monotonic() - t0, len(self.hosts))
-
-
-class _RemoteTap:
-    """FrameTap's frames() over a shard's pipe (agent.lifecycle.manager asks the supervisor's tap)."""
-
-    def __init__(self, host: ShardHost, model: str, slower: float) -> None:
-        self._host, self._model = host, model
-        self._slower = max(1.0, slower)  # the manager's timeout counts every camera; the shard has fewer
-
-    def frames(
-        self, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
-    ) -> Iterator[tuple[np.ndarray, str]]:
-        arg = (self._model, total, interval_s, timeout_s * self._slower)
-        yield from self._host.stream("tap", arg, stop)
