@@ -17,7 +17,8 @@ from agent import __version__
 from agent.config import AgentConfig, ModelConfig
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
-from agent.mqtt.client import MqttClient
+from agent.lifecycle.model import resolve_spec
+from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandRouter, SnapshotRequest
 from agent.mqtt.topics import Topics, payload
 from agent.owner import DeviceOwner
@@ -172,7 +173,8 @@ class Agent(DeviceOwner):
     def _open_model(self, name: str, mcfg: ModelConfig, cfg: AgentConfig | None = None) -> None:
         """Open a model's backend and make its (not yet started) worker. `cfg`: a reloaded config that is
         not in effect yet. Raises before anything is registered, so a failure leaves no trace."""
-        self.pipeline.open_model(name, mcfg, lambda: self.engines.open(name, cfg), self.sinks.for_model)
+        spec = resolve_spec(name, mcfg, (cfg or self.cfg).engine_dir)  # labels read, the ONNX grafted
+        self.pipeline.open_model(name, mcfg, spec, lambda: self.engines.open(name, cfg), self.sinks.for_model)
 
     # ---- status and camera states ----------------------------------------------------------------
     def _status_fields(self) -> dict:

@@ -23,22 +23,20 @@ from pathlib import Path
 import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig, camera_file, file_problem
-from engines.runtimes.base import TensorSpec
-from pipelines.models import check_outputs, make_adapter, probe_input
-from pipelines.postprocess import load_labels
+from agent.lifecycle.model import model_labels
+from pipelines.models import SpecError, check_outputs, probe_input, resolve_onnx
 from pipelines.urls import mask_url
 
 
-def _probe(path: Path) -> tuple[TensorSpec, dict[str, np.ndarray]]:
-    """The model's input and its outputs for one zero image, run on ONNX Runtime (CPU): exported detectors
-    often leave output shapes dynamic, so only a real inference shows their layout."""
+def _probe(path: Path) -> dict[str, np.ndarray]:
+    """The model's outputs for one zero image, run on ONNX Runtime (CPU): exported detectors often leave
+    output shapes dynamic, so only a real inference shows their layout."""
     from engines.runtimes.ort import OrtBackend
 
     backend = OrtBackend(str(path), intra_threads=1)
     backend.load()
     try:
-        spec = backend.input_spec
-        return spec, backend.infer(probe_input(spec))
+        return backend.infer(probe_input(backend.input_spec))
     finally:
         backend.close()
 
@@ -56,9 +54,9 @@ def check_model(name: str, m: ModelConfig, source: str) -> tuple[list[str], list
             errors.append(f"{key}.labels: {m.labels}: {problem}")
         else:
             try:
-                labels = load_labels(m.labels)
-            except (OSError, ValueError) as exc:
-                errors.append(f"{key}.labels: {exc}")
+                labels = list(model_labels(name, m))
+            except ConfigError as exc:
+                errors.append(f"{source}: {exc}")
     if m.engine_file is not None:
         problem = file_problem(m.engine_file)
         if problem is None and m.engine_file.suffix != ".json":
@@ -70,14 +68,15 @@ def check_model(name: str, m: ModelConfig, source: str) -> tuple[list[str], list
         errors.append(f"{key}.onnx: {m.onnx}: {problem}")
         return errors, labels
     try:
-        inp, outputs = _probe(m.onnx)
+        outputs = _probe(m.onnx)
     except Exception as exc:  # ONNX Runtime raises many types for a file that is not a model
         errors.append(f"{key}.onnx: {m.onnx}: not a readable ONNX model ({type(exc).__name__}: {exc})"[:300])
         return errors, labels
     if labels:
-        try:
-            adapter = make_adapter(m.format, inp, len(labels))
-            check_outputs(m.format, adapter, outputs)
+        try:  # as the agent will serve it: host decoding, or the graph's own if the ONNX is grafted
+            check_outputs(m.format, resolve_onnx(name, m.onnx, m.format, labels).adapter(), outputs)
+        except SpecError as exc:
+            errors.append(f"{key}.{exc.key}: {exc}")
         except ValueError as exc:
             errors.append(f"{key}.format: {m.format}: {exc}")
     return errors, labels
@@ -168,7 +167,7 @@ def gpu_preprocess_problem() -> str | None:
     """Why `preprocess: gpu` cannot run here (it needs cuda-python with NVRTC and a CUDA GPU), or None.
     Imports CUDA only when called, i.e. only for a model that asks for it."""
     try:
-        from engines.cuda_buffers import cuda_call, import_cudart
+        from engines.cuda.buffers import cuda_call, import_cudart
 
         rt = import_cudart()
         for names in (("cuda.bindings.nvrtc", "cuda.nvrtc"), ("cuda.bindings.driver", "cuda.cuda")):

@@ -18,8 +18,10 @@ import onnxruntime as ort
 import pytest
 
 from pipelines.frames import Detections
+from pipelines.models import GraftParams, resolve_onnx
 from pipelines.models.graft import OUTPUTS, decode_grafted, graft_nanodet, graft_postprocess
 from pipelines.models.nanodet import NanoDetAdapter
+from pipelines.postprocess import load_labels
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 MODEL = ASSETS / "nanodet-m-416.onnx"
@@ -111,7 +113,7 @@ def test_grafted_graph_is_valid_and_fixed_shape(grafted: onnx.ModelProto) -> Non
 
 def test_the_agent_takes_a_grafted_model(tmp_path: Path) -> None:
     """tools/graft_model.py's output passes the agent's preflight (one ONNX Runtime inference whose outputs
-    the format must decode) and the adapter's postprocess reads grafted outputs as detections."""
+    the format must decode) and, resolved from its graft record, the adapter reads them as detections."""
     import subprocess
     import sys
 
@@ -146,7 +148,9 @@ def test_the_agent_takes_a_grafted_model(tmp_path: Path) -> None:
         timeout=120,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    adapter = NanoDetAdapter((416, 416), 80)
+    spec = resolve_onnx("m", out, "nanodet", load_labels(ASSETS / "coco.names"))
+    assert spec.postprocess == "graph" and spec.graft == GraftParams(0.3, 0.5, 100)
+    adapter = spec.adapter()
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     cap = cv2.VideoCapture(str(ASSETS / "bikes.mp4"))
     _, frame = cap.read()
@@ -291,11 +295,11 @@ def test_tensorrt_rtx_builds_the_default_graft(tmp_path: Path) -> None:
     """The matrix-NMS tail exists because TensorRT-RTX has no builder runner for NonMaxSuppression: a real
     (CPU, ahead-of-time) build of the grafted NanoDet must succeed and bind the fixed det_* outputs."""
     pytest.importorskip("tensorrt_rtx")
-    from engines.builder import build
+    from engines.build.builder import build
     from engines.fingerprint import probe_fingerprint
     from engines.settings import BuildSettings
     from engines.store import EngineStore
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     grafted = graft_nanodet(
         onnx.load(MODEL), NanoDetAdapter((416, 416), 80), score_threshold=SCORE, iou_threshold=IOU, max_det=K

@@ -1,11 +1,12 @@
 """`models.M.postprocess: graph`: the model's ONNX with decode + score threshold + NMS grafted on.
 
-    onnx = grafted_onnx("detector", mcfg, engine_dir, adapter)   # made once, then reused
+    onnx = grafted_onnx(spec, params, engine_dir)   # made once, then reused (model.resolve_spec)
 
 Everything after this (calibration, the accuracy gate, FP16/INT8 conversions, engine builds, ONNX Runtime
 serving) takes the grafted graph as the model: the engine key follows its hash, so a changed threshold is a
 rebuild. The grafted part is an FP32 island (engines.islands) through every precision route, and the
-adapters read its det_* outputs as detections (pipelines.models.base.decode_grafted).
+adapters of the resolved model read its det_* outputs as detections (pipelines.models.base.decode_grafted).
+The grafted ONNX records how it was made in its metadata (pipelines.models.spec.GraftRecord).
 
 Cached at engine_dir/<model>/graft/<source sha256[:16]>-s<score>-i<iou>-k<max_det>.onnx (atomic write).
 """
@@ -17,34 +18,35 @@ from pathlib import Path
 
 import onnx
 
-from agent.config import ConfigError, ModelConfig
-from engines.fsutil import atomic_write_bytes
+from agent.config import ConfigError
 from engines.store import sha256_file
-from pipelines.models import ModelAdapter
+from engines.store.fsutil import atomic_write_bytes
+from pipelines.models import GraftParams, ModelSpec
 from pipelines.models.graft import graft_postprocess
 
 log = logging.getLogger(__name__)
 
 
-def grafted_onnx(name: str, mcfg: ModelConfig, engine_dir: Path, adapter: ModelAdapter) -> Path:
-    """The grafted copy of models.<name>.onnx; ConfigError naming the key when it cannot be made."""
-    source = Path(mcfg.onnx)
+def grafted_onnx(spec: ModelSpec, params: GraftParams, engine_dir: Path) -> Path:
+    """The grafted copy of the (host) model `spec`; ConfigError naming the key when it cannot be made."""
+    name, source = spec.name, spec.source_onnx
     try:
         digest = sha256_file(source)[:16]
     except OSError as e:
         raise ConfigError(f"models.{name}.onnx: cannot read {source} ({e.strerror or e})") from None
-    params = f"s{mcfg.graph_score_threshold:g}-i{mcfg.iou_threshold:g}-k{adapter.max_det}"
-    path = engine_dir / name / "graft" / f"{digest}-{params}.onnx"
+    path = engine_dir / name / "graft" / f"{digest}-{params.tag}.onnx"
     if path.is_file():
         return path
     try:
-        model = onnx.load(str(source))
         grafted = graft_postprocess(
-            model,
-            adapter,
-            score_threshold=mcfg.graph_score_threshold,
-            iou_threshold=mcfg.iou_threshold,
-            max_det=adapter.max_det,
+            onnx.load(str(source)),
+            spec.adapter(),
+            score_threshold=params.score_threshold,
+            iou_threshold=params.iou_threshold,
+            max_det=params.max_det,
+            nms=params.nms,
+            pre_nms_top_k=params.pre_nms_top_k,
+            source=str(source),
         )
     except Exception as e:  # onnx raises its own types; the graft raises ValueError naming what it lacks
         raise ConfigError(

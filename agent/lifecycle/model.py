@@ -1,42 +1,77 @@
-"""One model as the engine lifecycle sees it: its resolved config, where its engines live, and the
-score threshold its cameras publish at. Made from the agent config once (daemon start, CLI command) and
-handed to the precision job as JSON, so the child never reads the YAML again.
+"""One model as the engine lifecycle sees it: its resolved config, where its engines live, the score
+threshold its cameras publish at, and the resolved model (pipelines.models.ModelSpec: served ONNX, labels,
+input, host or graph decoding). Made from the agent config once (daemon start, CLI command) and handed to
+the precision job as JSON, so the child never reads the YAML again.
 
     ctx = ModelContext.from_config(cfg, "detector")
     ctx.build_settings("fp16")            # engines.settings.BuildSettings
+    ctx.spec.adapter()                    # the inference adapter, host or graph decoding decided once
     ModelContext.from_json(ctx.to_json()) == ctx
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from agent.config import AgentConfig, ConfigError, ModelConfig
-from engines.runtimes.base import TensorSpec
-from engines.settings import BuildSettings, onnx_input_shapes, profiles_from_json
-from pipelines.models import ModelAdapter, make_adapter
+from engines.settings import BuildSettings, profiles_from_json
+from pipelines.models import GraftParams, ModelAdapter, ModelSpec, SpecError, resolve_onnx
+from pipelines.models.registry import adapter_class
 from pipelines.postprocess import load_labels
 
 DEFAULT_SCORE_THRESHOLD = 0.4  # the camera default min_score
 
 
-def adapter_for(name: str, mcfg: ModelConfig) -> ModelAdapter:
-    """The adapter inference uses for the model, sized from its ONNX input (no runtime session needed)."""
+def model_labels(name: str, mcfg: ModelConfig) -> tuple[str, ...]:
+    """The model's class names: the one place a model's label file is read. ConfigError naming the key."""
     if mcfg.labels is None:
         raise ConfigError(f"models.{name}.labels: required to know the class count of {mcfg.onnx}")
     try:
-        labels = load_labels(mcfg.labels)
+        return tuple(load_labels(mcfg.labels))
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"models.{name}.labels: {e}") from None
-    inputs = onnx_input_shapes(mcfg.onnx)
-    if len(inputs) != 1:
-        raise ConfigError(f"models.{name}.onnx: {mcfg.onnx} has inputs {list(inputs)}; expected one image")
-    input_name, dims = next(iter(inputs.items()))
-    return make_adapter(mcfg.format, TensorSpec(input_name, dims, np.dtype(np.float32)), len(labels))
+
+
+def graft_params(mcfg: ModelConfig) -> GraftParams:
+    """What `postprocess: graph` grafts: the config's thresholds, the format's max detections."""
+    return GraftParams(
+        mcfg.graph_score_threshold, mcfg.iou_threshold, max_det=adapter_class(mcfg.format).max_det
+    )
+
+
+def resolve_spec(name: str, mcfg: ModelConfig, engine_dir: Path | None = None) -> ModelSpec:
+    """The model resolved from its config: labels read, the ONNX's input and graft record read, and for
+    `postprocess: graph` the ONNX grafted into `engine_dir` (agent.lifecycle.graft; reused once made).
+    An ONNX that is grafted already is served as it is; `postprocess: graph` then checks its record."""
+    labels = model_labels(name, mcfg)
+    try:
+        spec = resolve_onnx(name, Path(mcfg.onnx), mcfg.format, labels)
+    except SpecError as e:
+        raise ConfigError(f"models.{name}.{e.key}: {e}") from None
+    if mcfg.postprocess != "graph":
+        return spec
+    params = graft_params(mcfg)
+    if spec.postprocess == "graph":
+        if spec.graft is not None and spec.graft != params:
+            raise ConfigError(
+                f"models.{name}.postprocess: graph: {spec.onnx} was grafted with {spec.graft.tag}, the "
+                f"config asks for {params.tag} (graph_score_threshold, iou_threshold; or name its source)"
+            )
+        return spec
+    if engine_dir is None:
+        raise ConfigError(f"models.{name}.postprocess: graph: no engine_dir to keep the grafted graph in")
+    from agent.lifecycle.graft import grafted_onnx
+
+    return spec.grafted_as(grafted_onnx(spec, params, engine_dir), params)
+
+
+def adapter_for(name: str, mcfg: ModelConfig) -> ModelAdapter:
+    """The adapter inference uses for the model (no runtime session needed); ModelContext.spec.adapter()
+    where a context is at hand, which resolves the model once."""
+    return resolve_spec(name, mcfg).adapter()
 
 
 @dataclass(frozen=True)
@@ -52,12 +87,19 @@ class ModelContext:
             raise ConfigError(f"models.{name}: unknown model (known: {', '.join(sorted(cfg.models))})")
         scores = [c.min_score for c in cfg.cameras.values() if c.model == name and c.enabled]
         mcfg = cfg.models[name]
-        if mcfg.postprocess == "graph":  # from here on the grafted graph is the model (agent.lifecycle.graft)
-            from agent.lifecycle.graft import grafted_onnx
+        score = min(scores, default=DEFAULT_SCORE_THRESHOLD)
+        if mcfg.postprocess != "graph":
+            return cls(name, mcfg, Path(cfg.engine_dir), score)
+        # From here on the grafted graph is the model (agent.lifecycle.graft), for every step and the child.
+        spec = resolve_spec(name, mcfg, Path(cfg.engine_dir))
+        ctx = cls(name, mcfg.model_copy(update={"onnx": spec.onnx}), Path(cfg.engine_dir), score)
+        ctx.__dict__["spec"] = spec  # resolved once: the cached_property's value
+        return ctx
 
-            grafted = grafted_onnx(name, mcfg, Path(cfg.engine_dir), adapter_for(name, mcfg))
-            mcfg = mcfg.model_copy(update={"onnx": grafted})
-        return cls(name, mcfg, Path(cfg.engine_dir), min(scores, default=DEFAULT_SCORE_THRESHOLD))
+    @cached_property
+    def spec(self) -> ModelSpec:
+        """The resolved model (labels, input, served ONNX, decoding), read on first use."""
+        return resolve_spec(self.name, self.cfg, self.engine_dir)
 
     # ---- JSON form (the precision job request) -------------------------------------------------
     def to_json(self) -> dict[str, Any]:

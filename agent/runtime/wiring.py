@@ -16,12 +16,11 @@ import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
 from agent.events import CameraEvents, Publisher, analytics_settings, track_floor
-from agent.runtime.cameras import CameraRuntime, class_mask
 from agent.mqtt.topics import Topics
+from agent.runtime.cameras import CameraRuntime, class_mask
 from engines.errors import EngineError
 from engines.runtimes.base import Backend
-from pipelines.models import check_outputs, make_adapter, probe_input
-from pipelines.postprocess import load_labels
+from pipelines.models import ModelSpec, check_outputs, probe_input
 from pipelines.scheduler import CameraRoute, ModelWorker, Result
 from pipelines.sources import SourceSpec, open_reader
 
@@ -73,16 +72,17 @@ class Pipeline:
         self,
         name: str,
         mcfg: ModelConfig,
+        spec: ModelSpec,
         open_backend: Callable[[], Backend],
         sinks_for: Callable[[str], Sequence[Sink]],
     ) -> None:
         """Make a model's (not yet started) worker over the backend `open_backend()` gives (the engine
-        lifecycle's), closed here when the model cannot serve with it. `sinks_for(name)`: the worker's
-        sinks, asked once the model fits."""
-        labels = load_labels(mcfg.labels) if mcfg.labels is not None else []
+        lifecycle's), closed here when the model cannot serve with it. `spec`: the resolved model (labels,
+        host or graph decoding). `sinks_for(name)`: the worker's sinks, asked once the model fits."""
+        labels = list(spec.labels)
         backend = open_backend()
         try:
-            adapter = make_adapter(mcfg.format, backend.input_spec, len(labels))
+            adapter = spec.adapter()
             # One real inference: exported detectors often leave output shapes dynamic.
             image = probe_input(backend.input_spec)  # dynamic H/W as the adapter sizes them
             probe = np.zeros((backend.warmup_shape[0], *image.shape[1:]), dtype=backend.input_spec.dtype)

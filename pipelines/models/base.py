@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.frames import Detections
 from pipelines.postprocess import nms
 from pipelines.preprocess import Letterbox, Normalisation, letterbox_normalise, unletterbox
+
+if TYPE_CHECKING:
+    from pipelines.models.graph import GraphBuilder, GraphHeads
 
 # One image's decoded candidates before NMS: boxes (K, 4) x1y1x2y2 in network pixels, scores (K,),
 # class ids (K,).
@@ -21,8 +25,14 @@ class ModelAdapter(ABC):
 
     Subclasses set the normalisation class attributes and implement `_decode`; thresholding happens
     in `_decode` (so cheap rejection comes before any box maths), NMS and the mapping back to source
-    pixels are shared here.
+    pixels are shared here. `graph_heads` writes the same decoding into an ONNX graph (the graft,
+    pipelines.models.graft); a format without it serves `postprocess: host` only.
+
+    `grafted` is decided once, when the adapter is made (pipelines.models.spec.ModelSpec.adapter): True,
+    the engine's outputs are the grafted detections (GRAFTED_OUTPUTS) and only their letterbox is undone.
     """
+
+    fmt = ""  # the registry name (pipelines.models.FORMATS); make_adapter sets the one it was made for
 
     # Normalisation, applied as (x * scale - mean) / std in the network's channel order.
     mean: np.ndarray | None = None
@@ -32,11 +42,12 @@ class ModelAdapter(ABC):
     pad_value: int = 114
     max_det: int = 300
 
-    def __init__(self, input_hw: tuple[int, int], num_classes: int) -> None:
+    def __init__(self, input_hw: tuple[int, int], num_classes: int, *, grafted: bool = False) -> None:
         if num_classes <= 0:
             raise ValueError(f"num_classes must be positive, got {num_classes}")
         self.input_hw = input_hw
         self.num_classes = num_classes
+        self.grafted = grafted
         # Folded once here, not per batch; GPU preprocessing reads the same values.
         self.normalisation = Normalisation.of(
             input_hw, self.mean, self.std, self.scale, self.swap_rb, self.pad_value
@@ -54,7 +65,7 @@ class ModelAdapter(ABC):
         iou_threshold: float = 0.5,
     ) -> list[Detections]:
         """Decode, threshold, class-aware NMS, map to source pixels: one Detections per batch item."""
-        if is_grafted(outputs):  # the engine already decoded and suppressed (pipelines.models.graft)
+        if self.grafted:  # the engine already decoded and suppressed (pipelines.models.graft)
             return decode_grafted(outputs, letterboxes)
         per_image = self._decode(outputs, len(letterboxes), score_threshold)
         results: list[Detections] = []
@@ -75,6 +86,11 @@ class ModelAdapter(ABC):
     @abstractmethod
     def _decode(self, outputs: dict[str, np.ndarray], batch: int, score_threshold: float) -> list[Candidates]:
         """Candidates with score >= score_threshold (best class per box), one entry per batch item."""
+
+    def graph_heads(self, g: GraphBuilder, shapes: dict[str, tuple[int, ...]]) -> GraphHeads:
+        """Write `_decode`'s boxes and per-class scores into the graph `g` (before threshold and NMS), from
+        the model's output `shapes` (one run). What the graft needs of a format; none: host decoding only."""
+        raise ValueError(f"graft: no graph decoding for {type(self).__name__} ({self.fmt or 'no format'})")
 
     def _split_by_image(
         self, image_idx: np.ndarray, boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, batch: int
@@ -118,7 +134,8 @@ def find_output(
 GRAFTED_OUTPUTS = ("det_boxes", "det_scores", "det_classes", "det_count")
 
 
-def is_grafted(outputs: dict[str, np.ndarray]) -> bool:
+def is_grafted(outputs: dict[str, np.ndarray] | list[str] | tuple[str, ...]) -> bool:
+    """Whether these outputs (arrays by name, or the names) are the grafted ones."""
     return all(name in outputs for name in GRAFTED_OUTPUTS)
 
 

@@ -24,36 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from engines.islands import KEEP_FP32
+from engines.build.islands import KEEP_FP32
 from pipelines.models.base import GRAFTED_OUTPUTS as OUTPUTS
 from pipelines.models.base import ModelAdapter, decode_grafted
-from pipelines.models.nanodet import NanoDetAdapter
-from pipelines.models.yolov5 import YoloV5Adapter
-from pipelines.models.yolov8 import YoloV8Adapter
+from pipelines.models.graph import GraphBuilder
+from pipelines.models.spec import GraftParams, GraftRecord, write_record
 
 __all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet", "graft_postprocess"]
-
-
-class _Graph:
-    """Appends nodes and constants to a graph with unique names."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph, self.n = graph, 0
-
-    def const(self, value: np.ndarray, name: str) -> str:
-        full = f"graft/{name}_{self.n}"
-        self.n += 1
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), full))
-        return full
-
-    def op(self, kind: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
-        name = out or f"graft/{kind}_{self.n}"
-        self.n += 1
-        # Node names mark the FP32 island (engines.islands): precision routes leave these nodes alone.
-        self.graph.node.append(helper.make_node(kind, inputs, [name], name=KEEP_FP32 + name, **attrs))
-        return name
 
 
 def graft_postprocess(
@@ -65,8 +44,11 @@ def graft_postprocess(
     max_det: int = 100,
     nms: str = "matrix",
     pre_nms_top_k: int = 1000,
+    source: str = "",
 ) -> onnx.ModelProto:
-    """A copy of the model whose outputs are OUTPUTS (see the module docstring): NanoDet, YOLOv5, YOLOv8.
+    """A copy of the model whose outputs are OUTPUTS (see the module docstring), for any format whose adapter
+    has `graph_heads`; its metadata records the graft (pipelines.models.spec.GraftRecord; `source`: the ONNX
+    grafted onto, as the caller names it).
 
     nms="matrix" (default): greedy NMS from MatMul/TopK/Loop over the best `pre_nms_top_k` anchors, which
     TensorRT-RTX builds; nms="onnx": the NonMaxSuppression op over all anchors (ONNX Runtime, TensorRT >= 8.5;
@@ -78,20 +60,11 @@ def graft_postprocess(
         raise ValueError(f"graft: max_det and pre_nms_top_k must be positive, got {max_det}, {pre_nms_top_k}")
     model = onnx.ModelProto.FromString(model.SerializeToString())
     model = _ensure_opset(model, 13)
-    g = _Graph(model.graph)
-    shapes = _output_shapes(model)
-    if isinstance(adapter, NanoDetAdapter):
-        boxes, scores = _nanodet_heads(g, adapter, shapes)
-    elif isinstance(adapter, YoloV8Adapter):
-        boxes, scores = _yolo_heads(g, adapter, shapes, objectness=False)
-    elif isinstance(adapter, YoloV5Adapter):
-        boxes, scores = _yolo_heads(g, adapter, shapes, objectness=True)
-    else:
-        raise ValueError(f"graft: no graph decoding for {type(adapter).__name__}")
+    g = GraphBuilder(model.graph)
+    boxes, scores, anchors = adapter.graph_heads(g, _output_shapes(model))
     if nms == "onnx":
         _tail(g, boxes, scores, adapter.num_classes, score_threshold, iou_threshold, max_det, _opset(model))
     else:
-        anchors = _anchor_count(adapter, shapes)
         _matrix_tail(g, boxes, scores, anchors, score_threshold, iou_threshold, max_det, pre_nms_top_k)
     del model.graph.output[:]
     b = "batch"
@@ -103,6 +76,8 @@ def graft_postprocess(
             helper.make_tensor_value_info("det_count", TensorProto.INT32, [b]),
         ]
     )
+    params = GraftParams(score_threshold, iou_threshold, max_det, nms, pre_nms_top_k)
+    write_record(model, GraftRecord(adapter.fmt, adapter.num_classes, params, source))
     onnx.checker.check_model(model)
     return model
 
@@ -110,68 +85,8 @@ def graft_postprocess(
 graft_nanodet = graft_postprocess  # the first adapter it was written for
 
 
-def _nanodet_heads(g: _Graph, adapter: NanoDetAdapter, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str]:
-    """(boxes (B, N, 4) x1y1x2y2, scores (B, N, C)) from the GFL heads, as NanoDetAdapter._decode."""
-    # The adapter pairs score and box maps and finds each level's stride; zeros of the right shapes suffice.
-    dummies = {name: np.zeros((1, *shape[1:]), np.float32) for name, shape in shapes.items()}
-    names = {id(arr): name for name, arr in dummies.items()}
-    box_parts, score_parts = [], []
-    for stride, grid_w, score_map, box_map in adapter._levels(dummies):
-        n, bins = box_map.shape[1], box_map.shape[2] // 4
-        dist = g.op("Reshape", [names[id(box_map)], g.const(np.array([-1, n, 4, bins], np.int64), "shape")])
-        dist = g.op("Softmax", [dist], axis=-1)
-        proj = g.const((np.arange(bins, dtype=np.float32) * np.float32(stride)).reshape(bins, 1), "proj")
-        dist = g.op("Reshape", [g.op("MatMul", [dist, proj]), g.const(np.array([-1, n, 4], np.int64), "s")])
-        a = np.arange(n)
-        centre = np.stack([(a % grid_w + 0.5) * stride, (a // grid_w + 0.5) * stride], 1).astype(np.float32)
-        sign = g.const(np.array([-1, -1, 1, 1], np.float32), "sign")
-        corners = g.const(np.concatenate([centre, centre], 1)[None], "centre")  # (1, n, 4): cx cy cx cy
-        box_parts.append(g.op("Add", [corners, g.op("Mul", [dist, sign])]))
-        score_parts.append(names[id(score_map)])
-    return g.op("Concat", box_parts, axis=1), g.op("Concat", score_parts, axis=1)
-
-
-# cx, cy, w, h -> x1, y1, x2, y2 as one MatMul (the zeros add nothing, so the values equal the host's).
-_CXCYWH_TO_XYXY = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [-0.5, 0, 0.5, 0], [0, -0.5, 0, 0.5]], np.float32)
-
-
-def _yolo_heads(
-    g: _Graph, adapter: ModelAdapter, shapes: dict[str, tuple[int, ...]], *, objectness: bool
-) -> tuple[str, str]:
-    """YOLOv8 (B, 4 + C, N) or (B, N, 4 + C); YOLOv5 (B, N, 5 + C) with score = objectness x class."""
-    width = (5 if objectness else 4) + adapter.num_classes
-    name, shape = next(
-        (
-            (n, s)
-            for n, s in shapes.items()
-            if len(s) == 3 and (s[2] == width or (not objectness and s[1] == width))
-        ),
-        (None, None),
-    )
-    if name is None or shape is None:
-        raise ValueError(f"graft: no output of width {width} among {shapes}")
-    pred = name if shape[2] == width else g.op("Transpose", [name], perm=[0, 2, 1])  # (B, N, width)
-
-    def cols(lo: int, hi: int) -> str:
-        return g.op(
-            "Slice",
-            [
-                pred,
-                g.const(np.array([lo], np.int64), "lo"),
-                g.const(np.array([hi], np.int64), "hi"),
-                g.const(np.array([2], np.int64), "axis"),
-            ],
-        )
-
-    boxes = g.op("MatMul", [cols(0, 4), g.const(_CXCYWH_TO_XYXY, "xyxy")])
-    scores = cols(width - adapter.num_classes, width)
-    if objectness:
-        scores = g.op("Mul", [cols(4, 5), scores])  # obj >= 0: the best class is the best class score's
-    return boxes, scores
-
-
 def _tail(
-    g: _Graph,
+    g: GraphBuilder,
     boxes: str,
     scores: str,
     num_classes: int,
@@ -273,22 +188,8 @@ def _ensure_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
     return version_converter.convert_version(model, version)
 
 
-def _anchor_count(adapter: ModelAdapter, shapes: dict[str, tuple[int, ...]]) -> int:
-    """N, the number of anchors the heads score (static: from the shapes of one run)."""
-    if isinstance(adapter, NanoDetAdapter):
-        dummies = {name: np.zeros((1, *shape[1:]), np.float32) for name, shape in shapes.items()}
-        return sum(level[2].shape[1] for level in adapter._levels(dummies))
-    nc = adapter.num_classes
-    for s in shapes.values():
-        if len(s) == 3 and s[2] in (4 + nc, 5 + nc):
-            return s[1]
-        if len(s) == 3 and s[1] == 4 + nc:
-            return s[2]
-    raise ValueError(f"graft: cannot tell the anchor count from {shapes}")
-
-
 def _matrix_tail(
-    g: _Graph,
+    g: GraphBuilder,
     boxes: str,
     scores: str,
     anchors: int,

@@ -9,15 +9,20 @@ centre ((col + 0.5) * s, (row + 0.5) * s) to the left/top/right/bottom edge.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.models.base import Candidates, ModelAdapter
 
+if TYPE_CHECKING:
+    from pipelines.models.graph import GraphBuilder, GraphHeads
+
 _CANDIDATE_STRIDES = (4, 8, 16, 32, 64, 128)
 
 
 class NanoDetAdapter(ModelAdapter):
+    fmt = "nanodet"
     # The TF.js-converted NanoDet-m takes BGR, mean/std in 0-255 units, no /255 (PROVENANCE.md).
     mean = np.array([103.53, 116.28, 123.675], dtype=np.float32)
     std = np.array([57.375, 57.12, 58.395], dtype=np.float32)
@@ -99,3 +104,29 @@ class NanoDetAdapter(ModelAdapter):
             np.concatenate(class_ids),
             batch,
         )
+
+    def graph_heads(self, g: GraphBuilder, shapes: dict[str, tuple[int, ...]]) -> GraphHeads:
+        """(boxes x1y1x2y2, scores, anchors) from the GFL heads, as `_decode` computes them."""
+        from pipelines.models.graph import GraphHeads
+
+        # `_levels` pairs score and box maps and finds each level's stride; zeros of the right shapes suffice.
+        dummies = {name: np.zeros((1, *shape[1:]), np.float32) for name, shape in shapes.items()}
+        names = {id(arr): name for name, arr in dummies.items()}
+        box_parts, score_parts, anchors = [], [], 0
+        for stride, grid_w, score_map, box_map in self._levels(dummies):
+            n, bins = box_map.shape[1], box_map.shape[2] // 4
+            anchors += n
+            shape = g.const(np.array([-1, n, 4, bins], np.int64), "shape")
+            dist = g.op("Reshape", [names[id(box_map)], shape])
+            dist = g.op("Softmax", [dist], axis=-1)
+            proj = g.const((np.arange(bins, dtype=np.float32) * np.float32(stride)).reshape(bins, 1), "proj")
+            flat = g.const(np.array([-1, n, 4], np.int64), "s")
+            dist = g.op("Reshape", [g.op("MatMul", [dist, proj]), flat])
+            a = np.arange(n)
+            centre = np.stack([(a % grid_w + 0.5) * stride, (a // grid_w + 0.5) * stride], 1)
+            centre = centre.astype(np.float32)
+            sign = g.const(np.array([-1, -1, 1, 1], np.float32), "sign")
+            corners = g.const(np.concatenate([centre, centre], 1)[None], "centre")  # (1, n, 4): cx cy cx cy
+            box_parts.append(g.op("Add", [corners, g.op("Mul", [dist, sign])]))
+            score_parts.append(names[id(score_map)])
+        return GraphHeads(g.op("Concat", box_parts, axis=1), g.op("Concat", score_parts, axis=1), anchors)

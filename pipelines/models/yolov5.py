@@ -3,12 +3,18 @@ and per-class probabilities; a box's score is objectness x class probability."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from pipelines.models.base import Candidates, ModelAdapter, cxcywh_to_xyxy, find_output
 
+if TYPE_CHECKING:
+    from pipelines.models.graph import GraphBuilder, GraphHeads
+
 
 class YoloV5Adapter(ModelAdapter):
+    fmt = "yolov5"
     mean = None
     std = None
     scale = 1.0 / 255.0
@@ -30,3 +36,8 @@ class YoloV5Adapter(ModelAdapter):
             class_ids[ok].astype(np.int32),
             batch,
         )
+
+    def graph_heads(self, g: GraphBuilder, shapes: dict[str, tuple[int, ...]]) -> GraphHeads:
+        from pipelines.models.graph import yolo_heads
+
+        return yolo_heads(g, self.num_classes, shapes, objectness=True)
