@@ -157,7 +157,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     engine = args.engine or "sim"
     _check(args, sections, engine)
     gpus = _ints(args.gpus, "--gpus", zero=True) if args.gpus else None
-    if args.flap and not (args.decode or args.rtsp or args.decoder != "cpu"):
+    if args.flap and not _readers(args):
         raise ValueError("--flap compares camera readers: give --decode (file readers) or --rtsp")
     resolution = None
     if args.resolution:
@@ -210,14 +210,19 @@ def _check(args: argparse.Namespace, sections: tuple[str, ...], engine: str) -> 
         if not value >= 0 or (flag == "--duration" and not value > 0):  # NaN fails both
             low = "> 0" if flag == "--duration" else ">= 0"
             raise ValueError(f"{flag}: expected a number {low}, got {value}")
-    if args.fps == 0 and not (args.decode or args.rtsp or args.decoder != "cpu"):
+    if args.fps == 0 and not _readers(args):
         raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
     if args.shards < 1:
         raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
     if args.shards > 1 and args.flap:
         raise ValueError("--flap compares cameras inside one process: leave --shards at 1")
-    if "decode" in sections and not (args.decode or args.rtsp or args.decoder != "cpu"):
+    if "decode" in sections and not _readers(args):
         raise ValueError("--sections decode measures camera readers: give --decode, --decoder or --rtsp")
+
+
+def _readers(args: argparse.Namespace) -> bool:
+    """The streams are camera readers (--decode, --decoder or --rtsp), not the clip looped in memory."""
+    return bool(args.decode or args.rtsp or args.decoder != "cpu")
 
 
 def _ints(text: str, flag: str, zero: bool = False) -> list[int]:
