@@ -15,7 +15,7 @@ import numpy as np
 
 from agent import snapshot
 from agent.lifecycle.calibration import FrameTap
-from agent.mqtt.client import MqttClient
+from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandError
 from agent.mqtt.topics import Topics, payload
 from agent.results import ConsoleSink, detection_fields
