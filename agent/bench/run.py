@@ -51,20 +51,22 @@ from agent.bench.streams import read_clip
 from agent.bench.summary import summary
 from agent.bench.sweep import against_decode, decode_section, readers_section, sweep
 from engines.runtimes.ort import OrtBackend
-from pipelines.models import make_adapter
+from pipelines.models import ModelSpec, resolve_onnx
 from pipelines.postprocess import load_labels
 
 RECORDED_FRAMES = 16  # outputs recorded with ONNX Runtime for the simulated engine to replay
 
 
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
-    labels = load_labels(opts.labels)
+    spec = resolve_onnx(opts.model.stem, opts.model, opts.format, load_labels(opts.labels))
     if opts.postprocess == "graph":
-        opts = replace(opts, model=_grafted(opts, len(labels)))
+        spec = _grafted(opts, spec)
+        opts = replace(opts, model=spec.onnx)
+    labels = list(spec.labels)
     ort = OrtBackend(str(opts.model), intra_threads=opts.threads)
     ort.load()
     input_spec = ort.input_spec
-    adapter = make_adapter(opts.format, input_spec, len(labels))
+    adapter = spec.adapter()
     report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
@@ -113,27 +115,21 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     return report
 
 
-def _grafted(opts: BenchOptions, classes: int) -> Path:
+def _grafted(opts: BenchOptions, spec: ModelSpec) -> ModelSpec:
     """The model with decode + NMS grafted on (what `tools/graft_model.py` writes), in --out."""
     import onnx
 
     from agent.config import ModelConfig  # the config's pydantic: only for --postprocess graph
-    from pipelines.models.graft import graft_postprocess
+    from pipelines.models import GraftParams
+    from pipelines.models.graft import graft_spec
 
-    probe = OrtBackend(str(opts.model), intra_threads=1)
-    probe.load()
-    try:
-        adapter = make_adapter(opts.format, probe.input_spec, classes)
-    finally:
-        probe.close()
     # The daemon's default threshold (models.M.graph_score_threshold), read from the config schema; the
-    # routes' min_score (0.4) is above it, as the daemon requires of a model's cameras.
-    threshold = ModelConfig.model_fields["graph_score_threshold"].default
-    model = graft_postprocess(onnx.load(str(opts.model)), adapter, score_threshold=threshold)
+    # routes' min_score (0.4) is above it, as the daemon requires of a model's cameras. 100 boxes a frame.
+    params = GraftParams(ModelConfig.model_fields["graph_score_threshold"].default, max_det=100)
     opts.out.mkdir(parents=True, exist_ok=True)
     path = opts.out / f"{opts.model.stem}-grafted.onnx"
-    onnx.save(model, str(path))
-    return path
+    onnx.save(graft_spec(spec, params), str(path))
+    return spec.grafted_as(path, params)
 
 
 def _jsonable(opts: BenchOptions) -> dict[str, Any]:

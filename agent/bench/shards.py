@@ -114,7 +114,7 @@ def _point_child(
         from pipelines.models import make_adapter
 
         logging.basicConfig(level=logging.WARNING)
-        adapter = make_adapter(opts.format, spec, len(labels))
+        adapter = make_adapter(opts.format, spec, len(labels), grafted=opts.postprocess == "graph")
         images: list[np.ndarray] = []
         keep: list[Any] = []
         if opts.rtsp is None and not opts.decode:  # looped copies in memory: this process's own

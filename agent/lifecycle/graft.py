@@ -16,13 +16,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import onnx
-
 from agent.config import ConfigError
 from engines.store import sha256_file
 from engines.store.fsutil import atomic_write_bytes
 from pipelines.models import GraftParams, ModelSpec
-from pipelines.models.graft import graft_postprocess
+from pipelines.models.graft import graft_spec
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +36,7 @@ def grafted_onnx(spec: ModelSpec, params: GraftParams, engine_dir: Path) -> Path
     if path.is_file():
         return path
     try:
-        grafted = graft_postprocess(
-            onnx.load(str(source)),
-            spec.adapter(),
-            score_threshold=params.score_threshold,
-            iou_threshold=params.iou_threshold,
-            max_det=params.max_det,
-            nms=params.nms,
-            pre_nms_top_k=params.pre_nms_top_k,
-            source=str(source),
-        )
+        grafted = graft_spec(spec, params)
     except Exception as e:  # onnx raises its own types; the graft raises ValueError naming what it lacks
         raise ConfigError(
             f"models.{name}.postprocess: graph: cannot graft decode + NMS onto {source}: {e}"

@@ -30,9 +30,24 @@ from engines.build.islands import KEEP_FP32
 from pipelines.models.base import GRAFTED_OUTPUTS as OUTPUTS
 from pipelines.models.base import ModelAdapter, decode_grafted
 from pipelines.models.graph import GraphBuilder
-from pipelines.models.spec import GraftParams, GraftRecord, write_record
+from pipelines.models.spec import GraftParams, GraftRecord, ModelSpec, write_record
 
-__all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet", "graft_postprocess"]
+__all__ = ["OUTPUTS", "decode_grafted", "graft_nanodet", "graft_postprocess", "graft_spec"]
+
+
+def graft_spec(spec: ModelSpec, params: GraftParams) -> onnx.ModelProto:
+    """The (host) model `spec`'s source ONNX with `params`' decode + NMS grafted on, its source recorded.
+    Serve it as `spec.grafted_as(<where it was saved>, params)`."""
+    return graft_postprocess(
+        onnx.load(str(spec.source_onnx)),
+        spec.adapter(),
+        score_threshold=params.score_threshold,
+        iou_threshold=params.iou_threshold,
+        max_det=params.max_det,
+        nms=params.nms,
+        pre_nms_top_k=params.pre_nms_top_k,
+        source=str(spec.source_onnx),
+    )
 
 
 def graft_postprocess(
