@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engines.gpu_probe import GpuInfo, probe_gpu
-from engines.trt_api import TrtApi, flavor_label, import_trt
+from engines.cuda.gpu_probe import GpuInfo, probe_gpu
+from engines.trt import TrtApi, flavor_label, import_trt
 
 # Ampere consumer GPUs (RTX 30xx) are the oldest TensorRT-RTX runs on Linux without extra options;
 # an engine built for 8.6 is a concrete, reproducible target (the RTX default "portable" set is not).

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from engines.cuda_buffers import DeviceBuffer, Event, Stream, cuda_call, import_cudart, memcpy_async
-from engines.cuda_kernels import CudaModule
+from engines.cuda.buffers import DeviceBuffer, Event, Stream, cuda_call, import_cudart, memcpy_async
+from engines.cuda.kernels import CudaModule
 from engines.runtimes.base import DeviceTensor
 from pipelines.preprocess import Letterbox, Normalisation, place
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import fake_tensorrt
 
-from engines.compat import build_spec
+from engines.build.compat import build_spec
 from engines.fingerprint import Fingerprint
 from engines.manifest import Manifest
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 _MISSING = object()
 

@@ -18,15 +18,15 @@ pytest.importorskip("tensorrt_rtx")
 from agent.config import ModelConfig
 from agent.lifecycle.job import JobRequest, start_job
 from agent.lifecycle.model import ModelContext
-from engines.builder import build
-from engines.buildproc import ChildProcess
-from engines.compat import check
+from engines.build.builder import build
+from engines.build.compat import check
+from engines.buildproc import ChildProcess, Progress
 from engines.errors import BuildError, BuildLockedError, StoreError
 from engines.fingerprint import probe_fingerprint
 from engines.manifest import BUILD_SPEC, FINGERPRINT_SPEC, OPTIONAL_BUILD_SPEC, SCHEMA, load_manifest
 from engines.settings import BuildSettings
 from engines.store import EngineStore, sha256_file
-from engines.trt_api import import_trt
+from engines.trt import import_trt
 
 NANODET = Path(__file__).resolve().parent.parent / "agent" / "assets" / "nanodet-m-416.onnx"
 MODEL = "det"
@@ -190,7 +190,7 @@ def test_sigkill_mid_build_leaves_no_loadable_plan(store_copy, fp32_settings, fp
         holder: dict[str, object] = {}
 
         def on_event(event, holder=holder):
-            if event["event"] == "progress" and "killed" not in holder:
+            if isinstance(event, Progress) and "killed" not in holder:
                 holder["killed"] = True
                 holder["handle"].kill()
 
@@ -198,7 +198,9 @@ def test_sigkill_mid_build_leaves_no_loadable_plan(store_copy, fp32_settings, fp
         holder["handle"] = handle
         result = handle.wait(timeout=60)
         assert (
-            not result["ok"] and result["error_type"] == "Killed" and "killed by signal 9" in result["error"]
+            not result.ok
+            and result.fields["error_type"] == "Killed"
+            and "killed by signal 9" in str(result.error)
         )
         plans = sorted(p.name for p in store.model_dir(MODEL).glob("*.plan"))
         if store is empty:
@@ -218,7 +220,7 @@ def test_concurrent_builds_lock(store_copy, fp32_settings, fp, built):
         fp32_settings.onnx,
         store_copy.root,
         force=True,
-        on_event=lambda e: started.set() if e["event"] == "progress" else None,
+        on_event=lambda e: started.set() if isinstance(e, Progress) else None,
     )
     assert started.wait(30), "child build never reported progress"
     with pytest.raises(
@@ -227,7 +229,7 @@ def test_concurrent_builds_lock(store_copy, fp32_settings, fp, built):
         build(store_copy, MODEL, fp32_settings, fingerprint=fp, lock_wait_s=0)
     waited = build(store_copy, MODEL, fp32_settings, fingerprint=fp, lock_wait_s=60)
     result = handle.wait(timeout=60)
-    assert result["ok"] and result["built"] and result["key"] == built[1].key
+    assert result.ok and result.fields["built"] and result.fields["key"] == built[1].key
     assert not waited.built and "nothing to build" in waited.message  # the child's engine is the one
 
 
@@ -258,8 +260,8 @@ def test_failed_builds_keep_previous_engine(store_copy, fp32_settings, fp, built
         str(custom),
     )
     result = start_fp32_job(custom, store_copy.root).wait(timeout=60)
-    assert not result["ok"] and result["error_type"] == "BuildError"
-    assert str(custom) in result["error"] and "node fancy_node (op FancyOp)" in result["error"]
+    assert not result.ok and result.fields["error_type"] == "BuildError"
+    assert str(custom) in result.fields["error"] and "node fancy_node (op FancyOp)" in result.fields["error"]
 
     assert sha256_file(store_copy.plan_path(MODEL, built[1].key)) == before
     assert check(store_copy, MODEL, fp32_settings, fp).ok

@@ -36,6 +36,7 @@ from fixtures_mqtt import Broker, Subscriber
 from test_engine_store import sample_manifest
 
 from agent.lifecycle.progress import JobProgress
+from engines.buildproc import Event, Progress
 from engines.errors import BuildLockedError, StoreError
 from engines.store import EngineStore
 
@@ -123,7 +124,7 @@ def test_a_plan_refused_at_load_or_corrupt_is_not_kept_as_previous(tmp_path: Pat
 
 @pytest.mark.parametrize("fail", ["write-manifest", "rollback-commit", "rollback-cleanup"])
 def test_interrupted_write_or_rollback_keeps_one_serving_one_kept(tmp_path: Path, monkeypatch, fail) -> None:
-    import engines.store as store_mod
+    import engines.store.commit as store_mod
 
     store = EngineStore(tmp_path / "e")
     s0, s1 = put(store, 0), put(store, 1)
@@ -262,16 +263,14 @@ def test_daemon_logs_a_capture_once_and_each_gate_phase_once(caplog) -> None:
     mgr._publish = lambda name, state: published.append(state)  # type: ignore[attr-defined]
     target = SimpleNamespace(fingerprint=SimpleNamespace(manifest_dict=lambda: {}))
     me = ModelEngine(ctx=SimpleNamespace(name="det"), target=target)  # type: ignore[arg-type]
-    me.state = {"state": "building"}
+    me.state.update(state="building")
     caplog.set_level(logging.DEBUG, logger="agent.lifecycle.manager")
     for n in range(1, 41):
         me.last_progress_pub = 0.0  # as if half a second passed between frames
-        mgr._on_event(me, {"event": "progress", "phase": "capture frames", "step": n, "total": 40})
+        mgr._on_event(me, Progress("capture frames", n, 40))
     for n in range(21):
         me.last_progress_pub = 0.0
-        mgr._on_event(
-            me, {"event": "progress", "phase": "accuracy gate fp16: candidate", "step": n, "total": 20}
-        )
+        mgr._on_event(me, Progress("accuracy gate fp16: candidate", n, 20))
     info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert info == ["model det: accuracy gate fp16: candidate 0/20"], info
     assert len(published) == 61 and published[-1]["progress"] == {
@@ -512,11 +511,11 @@ def test_two_rebuilds_of_a_model_never_overlap(tmp_path: Path) -> None:
     from agent.lifecycle.job import JobRequest, start_job
     from agent.lifecycle.model import ModelContext
 
-    events: list[dict] = []
+    events: list[Event] = []
     ctx = ModelContext.from_config(load_config(config), "det")
     result = start_job(JobRequest(ctx, "fp16"), events.append).wait(timeout=300)
-    assert result["ok"] and not result["built"], result
-    steps = [(e["phase"], e["step"], e["total"]) for e in events if e["event"] == "progress"]
+    assert result.ok and not result.fields["built"], result
+    steps = [(e.phase, e.step, e.total) for e in events if isinstance(e, Progress)]
     reference = [s for s in steps if s[0] == "accuracy gate fp16: fp32 reference"]
     candidate = [s for s in steps if s[0] == "accuracy gate fp16: candidate"]
     for frames in (reference, candidate):  # batch by batch (ONNX Runtime takes 8 frames at a time)

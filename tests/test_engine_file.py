@@ -13,11 +13,11 @@ from engine_fixtures import gpu_fp, store_engine
 
 from agent.config import load_config
 from agent.preflight import preflight
-from engines.compat import check
+from engines.build.compat import check
 from engines.errors import EngineError
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 NANODET = ASSETS / "nanodet-m-416.onnx"

@@ -25,7 +25,7 @@ from engines.runtimes.slots import slot_profiles
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 NANODET = Path(__file__).resolve().parent.parent / "agent" / "assets" / "nanodet-m-416.onnx"
 

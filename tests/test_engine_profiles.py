@@ -11,11 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from agent.config import parse_config
 from agent.lifecycle.model import ModelContext
-from engines.builder import build
-from engines.compat import check
+from engines.build.builder import build
+from engines.build.compat import check
 from engines.fingerprint import probe_fingerprint
 from engines.store import EngineStore
-from engines.trt_api import import_trt
+from engines.trt import import_trt
 
 pytest.importorskip("tensorrt_rtx", reason="CI installs tensorrt-rtx (test extra)")
 

@@ -31,12 +31,12 @@ from agent.lifecycle.job import JobRequest, JobResult
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget
-from engines.compat import check, refusal_record
+from engines.build.compat import check, refusal_record
 from engines.fingerprint import Fingerprint
 from engines.manifest import load_manifest
 from engines.runtimes.base import Backend
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 MODEL = "det"
@@ -186,7 +186,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     target = EngineTarget(api, d.fp)
     monkeypatch.setattr("agent.lifecycle.manager.engine_target", lambda _ctx: target)
     monkeypatch.setattr("agent.lifecycle.commands.engine_target", lambda _ctx: target)
-    monkeypatch.setattr("agent.lifecycle.manager.start_job", d.start_job)
+    monkeypatch.setattr("agent.lifecycle.builds.start_job", d.start_job)
     cudart = FakeCudart()
     monkeypatch.setattr("engines.runtimes.slots.import_cudart", lambda: cudart)
     yield d

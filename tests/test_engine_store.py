@@ -14,10 +14,10 @@ import pytest
 
 from engines.errors import BuildLockedError, ManifestError, StoreError
 from engines.fingerprint import DEFAULT_TARGET_CC, parse_nv_tegra_release, probe_fingerprint, probe_l4t
-from engines.fsutil import atomic_write_bytes, remove_stale_temps
 from engines.manifest import SCHEMA, Manifest, load_manifest
 from engines.settings import BuildSettings, Shapes, onnx_input_shapes, resolve_profiles
 from engines.store import EngineStore
+from engines.store.fsutil import atomic_write_bytes, remove_stale_temps
 
 NANODET = Path(__file__).resolve().parent.parent / "agent" / "assets" / "nanodet-m-416.onnx"
 TEGRA = (
@@ -68,7 +68,7 @@ def test_l4t_from_nv_tegra_release(tmp_path):
 
 def test_fingerprint_on_this_machine(tmp_path):
     pytest.importorskip("tensorrt_rtx")
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     api = import_trt("tensorrt_rtx")
     fp = probe_fingerprint(api, tegra_release=tmp_path / "absent")
@@ -183,7 +183,7 @@ def test_build_lock_names_holder_pid_and_waits(tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from engines.lock import BuildLock
+        from engines.store.lock import BuildLock
         with BuildLock(__import__('pathlib').Path({str(lock_path)!r}), 'det'):
             print('locked', flush=True)
             time.sleep(1.5)

@@ -9,14 +9,14 @@ import fake_tensorrt
 import numpy as np
 import pytest
 
-from engines.builder import build
+from engines.build.builder import build
 from engines.errors import BuildError, UnavailableError
 from engines.fingerprint import Fingerprint
 from engines.runtimes.base import BackendError
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 NANODET = Path(__file__).resolve().parent.parent / "agent" / "assets" / "nanodet-m-416.onnx"
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from engines.gpu_probe import probe_gpu
+from engines.cuda.gpu_probe import probe_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ def test_gpu_probe_reads_name_compute_capability_driver_and_runtime() -> None:
 def test_fingerprint_fields_from_gpu_without_tensorrt() -> None:
     # The GPU box has no TensorRT: the fingerprint needs a TensorRT module, so probe the GPU half only,
     # and check that both probes (cuda.bindings, NVML) agree where both are installed.
-    from engines.gpu_probe import probe_cuda_bindings, probe_nvml
+    from engines.cuda.gpu_probe import probe_cuda_bindings, probe_nvml
 
     cb, nv = probe_cuda_bindings(0), probe_nvml(0)
     if cb is None or nv is None:
@@ -44,7 +44,7 @@ def test_gpu_telemetry_reads_nvml() -> None:
 def test_device_buffer_round_trip_and_clear_errors() -> None:
     import numpy as np
 
-    from engines.cuda_buffers import CudaError, DeviceBuffer
+    from engines.cuda.buffers import CudaError, DeviceBuffer
 
     batch = np.random.default_rng(1).standard_normal((2, 3, 416, 416)).astype(np.float32)
     with DeviceBuffer(batch.nbytes) as buf:

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from engines import gpu_probe
-from engines.cuda_buffers import CudaError, cuda_call
-from engines.gpu_probe import GpuInfo, Nvml, probe_cuda_bindings, probe_gpu
+from engines.cuda import gpu_probe
+from engines.cuda.buffers import CudaError, cuda_call
+from engines.cuda.gpu_probe import GpuInfo, Nvml, probe_cuda_bindings, probe_gpu
 
 _NAMES = {0: b"CUDA_SUCCESS", 100: b"CUDA_ERROR_NO_DEVICE"}
 

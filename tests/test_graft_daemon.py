@@ -14,7 +14,7 @@ from fixtures_agent import ASSETS, AgentProcess, bundled_model, decoded, run_cli
 from fixtures_mqtt import Broker, Subscriber
 
 from agent.config import ConfigError, parse_config
-from engines.islands import marked
+from engines.build.islands import marked
 from pipelines.models.graft import OUTPUTS
 
 pytestmark = pytest.mark.slow

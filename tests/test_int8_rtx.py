@@ -10,13 +10,13 @@ import cv2
 import numpy as np
 import pytest
 
-from engines.builder import build
+from engines.build.builder import build
+from engines.build.quantize import make_qdq_onnx
 from engines.fingerprint import probe_fingerprint
-from engines.quantize import make_qdq_onnx
 from engines.runtimes.ort import OrtBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import import_trt
+from engines.trt import import_trt
 from pipelines.models import make_adapter
 from pipelines.postprocess import load_labels
 

@@ -143,7 +143,7 @@ def test_corrupt_packets_are_counted_and_decoding_resumes(nvc, tmp_path: Path) -
 
 
 def _device_free() -> int:
-    from engines.cuda_buffers import cuda_call, import_cudart
+    from engines.cuda.buffers import cuda_call, import_cudart
 
     rt = import_cudart()
     free, _total = cuda_call(rt, "cudaMemGetInfo", rt.cudaMemGetInfo())

@@ -19,16 +19,16 @@ import numpy as np
 import onnx
 import pytest
 
-from engines.builder import build
-from engines.calibrator import BatchFeeder, CalibrationCache, make_calibrator, npy_batches
-from engines.compat import check
-from engines.cuda_buffers import CudaError, DeviceBuffer, cuda_call
+from engines.build.builder import build
+from engines.build.calibrator import BatchFeeder, CalibrationCache, make_calibrator, npy_batches
+from engines.build.compat import check
+from engines.build.layer_precision import select_layers
+from engines.cuda.buffers import CudaError, DeviceBuffer, cuda_call
 from engines.errors import BuildError, UnavailableError
 from engines.fingerprint import Fingerprint
-from engines.layer_precision import select_layers
 from engines.settings import BuildSettings
 from engines.store import EngineStore, sha256_file
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 ROOT = Path(__file__).resolve().parent.parent
 NANODET = ROOT / "agent" / "assets" / "nanodet-m-416.onnx"
@@ -102,7 +102,7 @@ def tree(root: Path) -> dict[str, str]:
 def rtx():
     pytest.importorskip("tensorrt_rtx")
     from engines.fingerprint import probe_fingerprint
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     api = import_trt("tensorrt_rtx")
     return api, probe_fingerprint(api)

@@ -306,7 +306,7 @@ class fake_nv12_picture:
     ) -> None:
         import cupy as cp
 
-        from engines.cuda_buffers import Event, Stream
+        from engines.cuda.buffers import Event, Stream
 
         h, w = y.shape
         self.height, self.width, self.pitch = h, w, w + pitch_pad

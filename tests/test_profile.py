@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from agent.cli import main
-from engines.errors import ManifestError
-from engines.layer_info import (
+from engines.build.layer_info import (
     EngineLayer,
     check_summary,
     layers_from_build_log,
@@ -31,10 +30,11 @@ from engines.layer_info import (
     precision_of,
     summarize,
 )
+from engines.build.quantize import make_qdq_onnx
+from engines.errors import ManifestError
 from engines.manifest import manifest_from_dict
-from engines.profiling import SCHEMA, ProfileError, compare, parse_ort_trace, profile_onnx
-from engines.quantize import make_qdq_onnx
 from engines.runtimes.base import TensorSpec
+from engines.runtimes.profiling import SCHEMA, ProfileError, compare, parse_ort_trace, profile_onnx
 from engines.settings import onnx_input_shapes
 from pipelines.models import make_adapter
 
@@ -403,7 +403,7 @@ def test_manifest_layer_fields_are_optional_and_checked() -> None:
 @pytest.fixture(scope="module")
 def rtx():
     pytest.importorskip("tensorrt_rtx")
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     return import_trt("tensorrt_rtx")
 
@@ -412,7 +412,7 @@ def rtx():
 def test_rtx_build_records_detailed_verbosity_and_layer_precisions(rtx, tmp_path: Path, capsys) -> None:
     from agent.config import load_config
     from agent.lifecycle.model import ModelContext
-    from engines.builder import build
+    from engines.build.builder import build
     from engines.fingerprint import probe_fingerprint
     from engines.store import EngineStore
 
@@ -448,7 +448,7 @@ def test_rtx_engine_inspector_needs_a_gpu(rtx, tmp_path: Path) -> None:
     """What runs here: TensorRT-RTX refuses to deserialise a plan without a CUDA driver, so no inspector
     can be made on this machine; the summary then comes from the builder's log or is absent, and the
     attempt never fails (a build would keep its engine)."""
-    from engines.builder import build
+    from engines.build.builder import build
     from engines.fingerprint import probe_fingerprint
     from engines.runtimes.trt_layers import build_layer_summary
     from engines.settings import BuildSettings

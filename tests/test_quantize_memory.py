@@ -25,8 +25,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-import engines.quantize as q
-from engines.quantize import make_qdq_onnx, sensitive_nodes
+import engines.build.quantize as q
+from engines.build.quantize import make_qdq_onnx, sensitive_nodes
 from pipelines.preprocess import letterbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,7 +272,7 @@ _CHILD = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
 from tests.test_quantize_memory import clip_frames
-from engines.quantize import make_qdq_onnx
+from engines.build.quantize import make_qdq_onnx
 
 n = {n}
 base = clip_frames(12)

@@ -145,7 +145,7 @@ def _run(config: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def _gpu_count() -> int:
-    from engines.gpu_probe import NVML
+    from engines.cuda.gpu_probe import NVML
 
     return NVML.count()
 

@@ -28,7 +28,7 @@ pytest.importorskip("cuda.bindings")
 from cuda.bindings import driver as cu  # noqa: E402
 from cuda.bindings import runtime as rt  # noqa: E402
 
-from engines.cuda_buffers import CudaError  # noqa: E402
+from engines.cuda.buffers import CudaError  # noqa: E402
 from engines.errors import EngineError  # noqa: E402
 from engines.runtimes.base import BackendError  # noqa: E402
 from engines.runtimes.slots import IoSpec, SlotPool  # noqa: E402

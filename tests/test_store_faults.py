@@ -33,16 +33,16 @@ from fixtures_agent import REPO
 from test_engine_store import NANODET, sample_manifest
 
 from engines.errors import StoreError
-from engines.fsutil import TMP_MARK
 from engines.settings import BuildSettings
 from engines.store import EngineStore, plan_file_name, sha256_file
+from engines.store.fsutil import TMP_MARK
 
 pytest.importorskip("tensorrt_rtx")
 
-from engines.builder import build
-from engines.compat import check
+from engines.build.builder import build
+from engines.build.compat import check
 from engines.fingerprint import probe_fingerprint
-from engines.trt_api import import_trt
+from engines.trt import import_trt
 
 MODEL = "det"
 pytestmark = pytest.mark.slow
@@ -53,20 +53,20 @@ pytestmark = pytest.mark.slow
 BUILDER_CHILD = textwrap.dedent("""
     import json, os, resource, signal, sys
     from pathlib import Path
-    import engines.store
-    from engines.builder import build
+    import engines.store.commit
+    from engines.build.builder import build
     from engines.errors import EngineError
-    from engines.fsutil import temp_path_for
+    from engines.store.fsutil import temp_path_for
     from engines.settings import BuildSettings
     from engines.store import EngineStore
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     api = import_trt("tensorrt_rtx")
     if len(sys.argv) > 4:  # a file size limit: writes beyond it fail with EFBIG instead of SIGXFSZ
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[4]), int(sys.argv[4])))
     kill_at = os.environ.get("KILL_AT")
-    real_write = engines.store.atomic_write_bytes
+    real_write = engines.store.commit.atomic_write_bytes
     def write(path, data):
         if kill_at == "plan-temp" and path.suffix == ".plan":  # half the plan in its temp file
             temp_path_for(path).write_bytes(bytes(data)[: len(data) // 2])
@@ -74,7 +74,7 @@ BUILDER_CHILD = textwrap.dedent("""
         real_write(path, data)
         if (kill_at, path.suffix) in (("after-plan", ".plan"), ("after-manifest", ".json")):
             os.kill(os.getpid(), signal.SIGKILL)
-    engines.store.atomic_write_bytes = write
+    engines.store.commit.atomic_write_bytes = write
     def progress(phase, step, total):
         print(json.dumps({"phase": phase, "step": step}), flush=True)
     try:
@@ -176,7 +176,7 @@ def test_manifest_write_failure_keeps_previous_engine(
 ):
     store = copy_store(template, tmp_path / "engines")
     key, sha = current(store)
-    import engines.store as store_mod
+    import engines.store.commit as store_mod
 
     real_write = store_mod.atomic_write_bytes
     written: list[Path] = []

@@ -10,7 +10,7 @@ must be a method there, an attribute it reads or sets a property (or enum value)
 
 Probes cope with absence, so a use is checked only where the guards around it hold: `if hasattr(x, "n")`,
 `self._has("Cls", "n")`, TrtApi's probe properties (`api.has_dla`, `self.weakly_typed`, ...: read from
-engines/trt_api.py), in an `if`/`elif`/`x if ... else`/`and` chain, or before it in the same block as an
+engines/trt/module.py), in an `if`/`elif`/`x if ... else`/`and` chain, or before it in the same block as an
 early exit (`if not hasattr(...): return/raise/self.fail_unavailable(...)`). A guard naming something a
 version lacks makes the code after it unreachable there (so `config.max_workspace_size` under
 `hasattr(config, "max_workspace_size")` is not checked on 10.13); a hasattr on an object of unknown class
@@ -42,16 +42,21 @@ from trt_stub_index import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+TRT_MODULE = ROOT / "engines" / "trt" / "module.py"  # TrtModule, the base of TrtApi: its probe properties
 # Every file under engines/ and agent/ that reaches into the TensorRT module (test_sources_cover_...).
 SOURCES = [
-    "engines/builder.py",
-    "engines/calibrator.py",
+    "engines/build/builder.py",
+    "engines/build/calibrator.py",
     "engines/fingerprint.py",
-    "engines/int8_build.py",
+    "engines/build/int8.py",
     "engines/runtimes/slots.py",
     "engines/runtimes/tensorrt.py",
     "engines/runtimes/trt_layers.py",
-    "engines/trt_api.py",
+    "engines/trt/config.py",
+    "engines/trt/module.py",
+    "engines/trt/network.py",
+    "engines/trt/runtime.py",
+    "engines/trt/timing_cache.py",
 ]
 SEARCHED = ("engines", "agent")
 
@@ -93,13 +98,13 @@ RETURNS = {
 # Variables with a receiver's name that hold no TensorRT object ("file:function:name": what they hold).
 # Loop and comprehension variables, and parameters annotated with a non-TensorRT type, are known anyway.
 NOT_TRT = {
-    "engines/int8_build.py:calibration_shape:profile": "{input: Shapes} from profiles_from_json",
+    "engines/build/int8.py:calibration_shape:profile": "{input: Shapes} from profiles_from_json",
 }
 
 # What each file is known to use: the extraction must find at least these (calibrator.py and
 # int8_build.py reach TensorRT only through TrtApi: nothing of their own).
 REQUIRED: dict[str, set[tuple[str, str, str]]] = {
-    "engines/builder.py": {
+    "engines/build/builder.py": {
         (MODULE, "Builder", "call"),
         (MODULE, "OnnxParser", "call"),
         ("Builder", "create_network", "call"),
@@ -112,19 +117,9 @@ REQUIRED: dict[str, set[tuple[str, str, str]]] = {
         ("OnnxParser", "num_errors", "attr"),
         ("IBuilderConfig", "progress_monitor", "attr"),
     },
-    "engines/trt_api.py": {
-        (MODULE, "Runtime", "call"),
-        ("BuilderFlag", "INT8", "attr"),
+    "engines/trt/module.py": set(),  # probes only: hasattr on the module and its classes
+    "engines/trt/network.py": {
         ("DataType", "FLOAT", "attr"),
-        ("IBuilderConfig", "set_flag", "call"),
-        ("IBuilderConfig", "add_optimization_profile", "call"),
-        ("IBuilderConfig", "set_memory_pool_limit", "call"),
-        ("IBuilderConfig", "max_workspace_size", "attr"),
-        ("IBuilderConfig", "create_timing_cache", "call"),
-        ("IBuilderConfig", "set_timing_cache", "call"),
-        ("IBuilderConfig", "int8_calibrator", "attr"),
-        ("IBuilderConfig", "DLA_core", "attr"),
-        ("IBuilderConfig", "can_run_on_DLA", "call"),
         ("INetworkDefinition", "num_layers", "attr"),
         ("INetworkDefinition", "get_layer", "call"),
         ("INetworkDefinition", "get_output", "call"),
@@ -135,8 +130,25 @@ REQUIRED: dict[str, set[tuple[str, str, str]]] = {
         ("OnnxParser", "num_errors", "attr"),
         ("OnnxParser", "get_error", "call"),
         ("ParserError", "desc", "call"),
+    },
+    "engines/trt/config.py": {
+        ("BuilderFlag", "INT8", "attr"),
+        ("IBuilderConfig", "set_flag", "call"),
+        ("IBuilderConfig", "add_optimization_profile", "call"),
+        ("IBuilderConfig", "set_memory_pool_limit", "call"),
+        ("IBuilderConfig", "max_workspace_size", "attr"),
+        ("IBuilderConfig", "int8_calibrator", "attr"),
+        ("IBuilderConfig", "DLA_core", "attr"),
+        ("IBuilderConfig", "can_run_on_DLA", "call"),
+    },
+    "engines/trt/timing_cache.py": {
+        ("IBuilderConfig", "create_timing_cache", "call"),
+        ("IBuilderConfig", "set_timing_cache", "call"),
         ("ITimingCache", "combine", "call"),
         ("ITimingCache", "serialize", "call"),
+    },
+    "engines/trt/runtime.py": {
+        (MODULE, "Runtime", "call"),
         ("Runtime", "deserialize_cuda_engine", "call"),
         ("ICudaEngine", "num_io_tensors", "attr"),
         ("ICudaEngine", "get_tensor_name", "call"),
@@ -163,8 +175,8 @@ REQUIRED: dict[str, set[tuple[str, str, str]]] = {
         ("EngineInspector", "get_engine_information", "call"),
         ("LayerInformationFormat", "JSON", "attr"),
     },
-    "engines/calibrator.py": set(),
-    "engines/int8_build.py": set(),
+    "engines/build/calibrator.py": set(),
+    "engines/build/int8.py": set(),
 }
 
 # Unguarded uses that a supported version lacks, found by this test; each is a possible defect of
@@ -480,11 +492,11 @@ def trt_api_probes(text: str) -> tuple[dict[str, frozenset[Fact]], dict[str, fro
     """TrtApi's probe properties -> the facts they establish when true; its `require_*` methods (a lone
     `if not ...: raise`) -> the facts that hold after a call returns."""
     tree = ast.parse(text)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrtApi")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrtModule")
     probes: dict[str, frozenset[Fact]] = {}
     ensures: dict[str, frozenset[Fact]] = {}
-    ex = _Extractor("engines/trt_api.py", probes, ensures)  # probes fill in as they are read, in order
-    scope = _Scope({}, "TrtApi")
+    ex = _Extractor("engines/trt/module.py", probes, ensures)  # probes fill in as they are read, in order
+    scope = _Scope({}, "TrtModule")
     for fn in cls.body:
         if not isinstance(fn, ast.FunctionDef):
             continue
@@ -505,7 +517,7 @@ def extract_source(
 ) -> list[Use]:
     """The TensorRT attribute uses in one source text."""
     if probes is None or ensures is None:
-        probes, ensures = trt_api_probes((ROOT / "engines" / "trt_api.py").read_text())
+        probes, ensures = trt_api_probes((TRT_MODULE).read_text())
     ex = _Extractor(name, probes, ensures)
     ex.block(ast.parse(text, name).body, frozenset(), _Scope({}, "<module>"))
     return ex.uses
@@ -513,7 +525,7 @@ def extract_source(
 
 def extract(rel: str | None = None) -> list[Use]:
     """Uses in SOURCES (or one of them)."""
-    probes, ensures = trt_api_probes((ROOT / "engines" / "trt_api.py").read_text())
+    probes, ensures = trt_api_probes((TRT_MODULE).read_text())
     out: list[Use] = []
     for path in [rel] if rel else SOURCES:
         out += extract_source((ROOT / path).read_text(), path, probes, ensures)
@@ -620,7 +632,7 @@ def test_not_trt_entries_are_used():
 
 
 def test_probe_properties_are_read_from_trt_api():
-    probes, ensures = trt_api_probes((ROOT / "engines" / "trt_api.py").read_text())
+    probes, ensures = trt_api_probes((TRT_MODULE).read_text())
     dla = {
         ("DeviceType", "DLA"),
         ("IBuilderConfig", "DLA_core"),
@@ -784,13 +796,13 @@ def test_real_rtx_plan_up_to_deserialisation(tmp_path: Path) -> None:
     import dataclasses
 
     pytest.importorskip("tensorrt_rtx")
-    from engines.builder import build
+    from engines.build.builder import build
     from engines.fingerprint import probe_fingerprint
     from engines.runtimes.base import BackendError
     from engines.runtimes.tensorrt import TensorRTBackend
     from engines.settings import BuildSettings
     from engines.store import EngineStore
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     api = import_trt("tensorrt_rtx")
     fp = probe_fingerprint(api)

@@ -23,12 +23,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from engines.builder import build
+from engines.build.builder import build
 from engines.errors import BuildError
 from engines.fingerprint import Fingerprint
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 MODEL = "det"
 CAL = {"method": "entropy", "samples": 4}

@@ -71,11 +71,11 @@ def _time(fn: Any, inputs: list[Any]) -> dict[str, float]:
 def _trt_build(path: Path) -> dict[str, Any]:
     """A real fp32 TensorRT-RTX build through engines.builder (no GPU needed: ahead of time)."""
     try:
-        from engines.builder import build
+        from engines.build.builder import build
         from engines.fingerprint import probe_fingerprint
         from engines.settings import BuildSettings
         from engines.store import EngineStore
-        from engines.trt_api import import_trt
+        from engines.trt import import_trt
 
         api = import_trt("tensorrt_rtx")
         fp = probe_fingerprint(api)

@@ -20,7 +20,7 @@ from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
 from engines.runtimes.base import Backend
 from engines.runtimes.ort import OrtBackend
-from engines.trt_api import TrtApi, import_trt
+from engines.trt import TrtApi, import_trt
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class TensorSpec:
 
 
 class ReadyEvent(Protocol):
-    """What a consumer of a DeviceTensor waits on (engines.cuda_buffers.Event)."""
+    """What a consumer of a DeviceTensor waits on (engines.cuda.buffers.Event)."""
 
     @property
     def raw(self) -> object: ...

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from engines.cuda_buffers import (
+from engines.cuda.buffers import (
     CudaError,
     DeviceBuffer,
     Event,

@@ -33,7 +33,7 @@ from engines.runtimes.base import Backend, BackendError, Batch, PlanRefusedError
 from engines.runtimes.slots import IoSpec, SlotPool
 from engines.runtimes.trt_layers import engine_information
 from engines.store import EngineStore
-from engines.trt_api import IoTensor, TrtApi, import_trt
+from engines.trt import IoTensor, TrtApi, import_trt
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt

@@ -8,32 +8,50 @@ Written to the TensorRT docs ("Engine Inspector"; IProfiler.report_layer_time, c
 every execution while a profiler is attached to the execution context): engines cannot execute on this
 project's CI (no supported GPU), so `engine_information` and `profile_engine` are type-checked against
 tensorrt-stubs and their attributes checked on the real tensorrt_rtx module, not run. What runs here is
-`build_layer_summary` without a GPU: TensorRT-RTX's builder log (engines.layer_info).
+`build_layer_summary` without a GPU: TensorRT-RTX's builder log (engines.build.layer_info).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from engines.layer_info import (
+from engines.build.layer_info import (
     EngineLayer,
     layers_from_build_log,
     layers_from_inspector,
     summarize,
 )
-from engines.profiling import WARMUP_RUNS, ProfileError, ProfileRun, layer_timings
-from engines.trt_api import TrtApi
+from engines.runtimes.profiling import WARMUP_RUNS, ProfileError, ProfileRun, layer_timings
+from engines.trt import TrtApi
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
 
-    from engines.runtimes.tensorrt import TensorRTBackend
-
 log = logging.getLogger(__name__)
+
+
+class ProfiledBackend(Protocol):
+    """What profile_engine needs of a loaded engine (engines.runtimes.tensorrt.TensorRTBackend has it;
+    named by this protocol, not imported, because that module imports engine_information from here)."""
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def plan_path(self) -> str: ...
+
+    @property
+    def trt_api(self) -> TrtApi: ...
+
+    def set_profiler(self, profiler: trt.IProfiler) -> None: ...
+
+    def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def layer_information(self) -> str | None: ...
 
 
 def engine_information(
@@ -85,7 +103,7 @@ def _layer_info(layers: list[EngineLayer]) -> dict[str, dict[str, Any]]:
     }
 
 
-def profile_engine(backend: TensorRTBackend, batch: np.ndarray, iterations: int) -> ProfileRun:
+def profile_engine(backend: ProfiledBackend, batch: np.ndarray, iterations: int) -> ProfileRun:
     """Per-layer times of a loaded engine over `iterations` executions of `batch` (after WARMUP_RUNS),
     with each layer's type, precision and tactic from the inspector (as detailed as the build's
     profiling verbosity)."""

@@ -41,7 +41,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from engines.cuda_buffers import CudaError, Event, Stream, cuda_call, import_cudart
+from engines.cuda.buffers import CudaError, Event, Stream, cuda_call, import_cudart
 from engines.errors import UnavailableError
 from pipelines.sources.bitstream import codec_name, colour_of, find_sps
 from pipelines.sources.capture import Capture, Unit

@@ -5,7 +5,7 @@
     result.plan_path, result.manifest, result.build_s, result.message
 
 Steps (Polygraphy-style, each a small function): lock -> clean stale temps -> check -> prepare the
-precision -> parse -> configure (INT8: engines.int8_build) -> build_serialized_network -> save timing
+precision -> parse -> configure (INT8: engines.build.int8) -> build_serialized_network -> save timing
 cache -> store. The builder takes fp32/fp16/int8 only; `best` is the agent's accuracy gate's to resolve.
 A failure raises BuildError/UnavailableError and leaves the store as it was.
 on_progress(phase, step, total) gets coarse phases (parse/build/serialize/save) from this module and,
@@ -30,26 +30,26 @@ from typing import TYPE_CHECKING, Any, cast
 
 import onnx
 
-from engines import islands
-from engines.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
-from engines.compat import BuildSpec, build_spec, check
-from engines.cuda_buffers import Allocator
+from engines.build import islands
+from engines.build.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
+from engines.build.compat import BuildSpec, build_spec, check
+from engines.build.int8 import Int8Request, configure_int8, finish_int8
+from engines.cuda.buffers import Allocator
 from engines.errors import BuildError
 from engines.fingerprint import Fingerprint, probe_fingerprint
-from engines.fsutil import atomic_write_bytes
-from engines.int8_build import Int8Request, configure_int8, finish_int8
 from engines.manifest import Manifest
 from engines.precision import PreparedModel, prepare_model, require_precision
 from engines.runtimes.trt_layers import build_layer_summary
 from engines.settings import BuildSettings, profiles_from_json
 from engines.store import EngineStore
-from engines.trt_api import ProgressCallback, TrtApi, import_trt
+from engines.store.fsutil import atomic_write_bytes
+from engines.trt import ProgressCallback, TrtApi, import_trt
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
 
-    from engines.calibrator import Calibrator
-    from engines.trt_api import TrtLogger
+    from engines.build.calibrator import Calibrator
+    from engines.trt.module import TrtLogger
 
     # build_plan's handle for saving the timing cache: the config that made it, and the cache (None where
     # TensorRT has none).
@@ -75,7 +75,7 @@ def _noop(phase: str, step: int, total: int) -> None:
 
 def _pin_fp32_islands(api: TrtApi, network: trt.INetworkDefinition) -> int:
     """Weakly typed FP16/INT8 builds choose layer precisions freely: the layers of an FP32 island
-    (engines.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead - every
+    (engines.build.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead - every
     layer reading a float, comparisons included. Returns how many were pinned (the caller sets the one
     precision-constraint flag). Written to the TensorRT docs, not run here."""
     layers, _ = api.network_layers(network)
@@ -166,8 +166,8 @@ def _refuse_dla(spec: BuildSpec, prepared: PreparedModel) -> None:
 def _calibrate_without_island(
     api: TrtApi, prepared: PreparedModel, spec: BuildSpec, int8: Int8Request | None
 ) -> None:
-    """Calibrate the graph without its FP32 island (engines.islands) into the calibration cache, which the
-    full build then reads. The island (decode + NMS: a Loop and BOOL comparisons) is pinned to FP32
+    """Calibrate the graph without its FP32 island (engines.build.islands) into the calibration cache,
+    which the full build then reads. The island (decode + NMS: a Loop and BOOL comparisons) is pinned to FP32
     anyway; calibrating through it is wasted work at best and skipped calibration at worst (TensorRT
     7.1-8.0). The engine this pass builds is thrown away."""
     if int8 is None or not prepared.calibrate:

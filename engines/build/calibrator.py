@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.cuda_buffers import Allocator, DeviceBufferLike
+from engines.cuda.buffers import Allocator, DeviceBufferLike
 from engines.errors import BuildError
-from engines.fsutil import atomic_write_bytes
-from engines.trt_api import TrtApi
+from engines.store.fsutil import atomic_write_bytes
+from engines.trt import TrtApi
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
@@ -196,7 +196,7 @@ class BatchFeeder:
             if self.buffer is None:
                 alloc = self._allocator
                 if alloc is None:
-                    from engines.cuda_buffers import cuda_allocator
+                    from engines.cuda.buffers import cuda_allocator
 
                     alloc = cuda_allocator()
                 self.buffer = alloc(self.nbytes)

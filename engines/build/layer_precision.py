@@ -10,7 +10,7 @@ plus two structural selectors, because detector layer names depend on the export
   activate or cast, everything up to and including the first convolution/matmul met. These are the box and
   score heads whose small errors move boxes and thresholds.
 Only layers whose outputs are all float can take a precision; others (shape arithmetic) are skipped.
-Pure functions over engines.trt_api.LayerInfo: testable on any network description.
+Pure functions over engines.trt.LayerInfo: testable on any network description.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from engines.trt_api import LayerInfo
+from engines.trt import LayerInfo
 
 COMPUTE = frozenset({"CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "FULLY_CONNECTED"})
 # Layers a head passes through between its last convolution and the network output.

@@ -1,4 +1,4 @@
-"""The INT8 part of configuring a TensorRT build (called by engines.builder.build_plan).
+"""The INT8 part of configuring a TensorRT build (called by engines.build.builder.build_plan).
 
     req = Int8Request(method="entropy", samples=500, cache=CalibrationCache(...), batches=..., ...)
     calibrator = configure_int8(api, network, config, profiles, prepared, spec, req)
@@ -12,7 +12,7 @@ typed + Q/DQ: nothing to configure (the graph carries its precision).
 Calibration must provably happen: TensorRT 7.1-8.0 skip it silently on networks with BOOL tensors or loops
 (a grafted NMS tail has both) and build an "INT8" engine without a single INT8 layer. So finish_int8 fails
 the build unless TensorRT fed at least one batch or read a calibration cache; and a graph with an FP32
-island is calibrated without it first (engines.builder), the full build reading that cache.
+island is calibrated without it first (engines.build.builder), the full build reading that cache.
 """
 
 from __future__ import annotations
@@ -21,25 +21,25 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engines.calibrator import (
+from engines.build.calibrator import (
     DEFAULT_QUANTILE,
     BatchFeeder,
     BatchSource,
     CalibrationCache,
     make_calibrator,
 )
-from engines.compat import BuildSpec
-from engines.cuda_buffers import Allocator
+from engines.build.compat import BuildSpec
+from engines.build.layer_precision import select_layers
+from engines.cuda.buffers import Allocator
 from engines.errors import BuildError, UnavailableError
-from engines.layer_precision import select_layers
 from engines.precision import PreparedModel
 from engines.settings import DEFAULT_INT8_KEEP_LAYERS, profiles_from_json
-from engines.trt_api import TrtApi
+from engines.trt import TrtApi
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
 
-    from engines.calibrator import Calibrator
+    from engines.build.calibrator import Calibrator
 
 log = logging.getLogger("engines.int8")
 
@@ -63,7 +63,7 @@ class Int8Request:
     cache_sha256: str | None = None
     batches_fed: int = 0
     cache_read: bool = False  # TensorRT took its scales from the calibration cache
-    calibrated_graph: str = "whole"  # or "without_fp32_island" (engines.islands)
+    calibrated_graph: str = "whole"  # or "without_fp32_island" (engines.build.islands)
     needs_constraints: bool = False  # layers were kept out of INT8: the builder sets the constraint flag
 
     def record(self) -> dict[str, object]:

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from engines.calibrator import DEFAULT_QUANTILE
+from engines.build.calibrator import DEFAULT_QUANTILE
 from engines.errors import BuildError, ManifestError
 from engines.fingerprint import Fingerprint
 from engines.manifest import Manifest
 from engines.settings import BuildSettings, onnx_input_shapes, profiles_to_json, resolve_profiles
 from engines.store import EngineStore, sha256_file
-from engines.trt_api import flavor_label
+from engines.trt import flavor_label
 
 Status = Literal["ok", "rebuild", "missing"]
 KEY_LEN = 16

@@ -6,7 +6,7 @@
 
 cuda-python is imported lazily (only a calibrating build needs it), as `cuda.bindings.runtime`
 (cuda-python >= 12.6) or the older `cuda.cudart`. Every call returns `(err, *result)`; `cuda_call`
-unwraps that in one place (for engines.gpu_probe's driver-API calls too) and raises CudaError naming the
+unwraps that in one place (for engines.cuda.gpu_probe's driver-API calls too) and raises CudaError naming the
 call and the CUDA error.
 Anything with `.ptr`, `.nbytes`, `copy_from_host(array)` and `free()` can stand in (tests inject a fake).
 """

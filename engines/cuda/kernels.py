@@ -4,7 +4,7 @@
     kernel = module.function("letterbox_nchw")
     kernel.launch(grid, block, stream, [(ptr, ctypes.c_void_p), (h, ctypes.c_int), ...])
 
-cuda-python only (the `cuda` extra), like engines.cuda_buffers: `cuda.bindings.{nvrtc,driver,runtime}`
+cuda-python only (the `cuda` extra), like engines.cuda.buffers: `cuda.bindings.{nvrtc,driver,runtime}`
 (cuda-python >= 12.6) or the older `cuda.{nvrtc,cuda,cudart}`. The code is compiled to a cubin for the
 device's own compute capability, so no PTX JIT is involved and a driver older than NVRTC still loads it.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from engines.cuda_buffers import CudaError, Stream, cuda_call, import_cudart
+from engines.cuda.buffers import CudaError, Stream, cuda_call, import_cudart
 from engines.errors import UnavailableError
 
 KernelArg = tuple[Any, type]  # (value, ctypes type): c_void_p for device pointers, c_int, c_float, ...

@@ -33,10 +33,10 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from engines import islands
+from engines.build import islands
 from engines.errors import BuildError
-from engines.fsutil import atomic_write_bytes, fsync_dir, temp_path_for
 from engines.store import sha256_file
+from engines.store.fsutil import atomic_write_bytes, fsync_dir, temp_path_for
 
 log = logging.getLogger("engines.quantize")
 
@@ -246,7 +246,7 @@ def make_qdq_onnx(
     if not src.is_file():
         raise QuantizationError(f"ONNX model {src} does not exist")
     with tempfile.TemporaryDirectory(prefix="edge-agent-qdq-") as work:
-        # An FP32 island (engines.islands: grafted decode + NMS) is quantised around: the rest alone is
+        # An FP32 island (engines.build.islands: grafted decode + NMS) is quantised around: the rest alone is
         # folded and quantised, then the island goes back unchanged.
         base, island = _without_island(src, Path(work))
         target = dst if island is None else Path(work) / "qdq-base.onnx"

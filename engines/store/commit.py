@@ -8,8 +8,8 @@
                                                    rollback until pruned
     {engine_dir}/{model}/{key}.plan                a plan written before plans were named by hash; still
                                                    read when its manifest's hashed plan file does not exist
-    {engine_dir}/{model}/{key}.calib[.meta]        INT8 calibration cache of `key` (engines.calibrator)
-    {engine_dir}/{model}/.build.lock               the model's build lock (engines.lock)
+    {engine_dir}/{model}/{key}.calib[.meta]        INT8 calibration cache of `key` (engines.build.calibrator)
+    {engine_dir}/{model}/.build.lock               the model's build lock (engines.store.lock)
     {engine_dir}/timing/*.cache                    TensorRT timing caches, shared by all models
 
     store = EngineStore("/var/lib/edge-agent/engines")   # StoreError now if the dir is not writable
@@ -57,9 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.errors import ManifestError, StoreError
-from engines.fsutil import TMP_MARK, atomic_write_bytes, fsync_dir, remove_stale_temps, temp_path_for
-from engines.lock import BuildLock
 from engines.manifest import Manifest, load_manifest
+from engines.store.fsutil import TMP_MARK, atomic_write_bytes, fsync_dir, remove_stale_temps, temp_path_for
+from engines.store.lock import BuildLock
 
 log = logging.getLogger("engines.store")
 
@@ -383,8 +383,8 @@ class EngineStore:
         command: str | None = None,
         on_wait: Callable[[str], None] | None = None,
     ) -> BuildLock:
-        """The model's build lock (engines.lock): `command` says what the holder does, for the message of
-        whoever is refused or waits (default: this process's command line)."""
+        """The model's build lock (engines.store.lock): `command` says what the holder does, for the message
+        of whoever is refused or waits (default: this process's command line)."""
         d = self.model_dir(model)
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -583,7 +583,8 @@ class EngineStore:
         self, model: str, key: str, plan_sha256: str, record: dict | None
     ) -> Manifest | None:
         """Record that TensorRT refused the plan `plan_sha256` of engine `key` at load (build.refused_at_load,
-        engines.compat.refusal_record; None clears it), by an atomic rewrite of its manifest; hold the lock.
+        engines.build.compat.refusal_record; None clears it), by an atomic rewrite of its manifest; hold the
+        lock.
         Returns None, writing nothing, when the manifest no longer points at that plan: a rebuild replaced
         it meanwhile, and its new plan has not been refused."""
         m = self.manifest(model, key)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engines.cuda_buffers import CudaError, cuda_call
+from engines.cuda.buffers import CudaError, cuda_call
 
 log = logging.getLogger("engines.gpu")
 
