@@ -2,7 +2,7 @@
 daemon's Agent) or supervises pipeline shards (agent.shards.sharded.ShardedAgent): the main loop over
 signals, reloads from the config file, the offline status, command answers, Home Assistant discovery.
 
-The owner class provides: cfg, config_path, started_at, mqtt, topics, supervisor, engines, _signals,
+The owner class provides: cfg, config_path, started_at, mqtt, topics, supervisor, commands, engines, _signals,
 _stop, _reload_lock, and the hooks below (`_cameras_total`, `_apply_reload`, `stop`, `_publish_status`).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.mqtt import MqttClient, MqttError
-from agent.mqtt.commands import Answer, CommandError, RebuildRequest, ReloadRequest
+from agent.mqtt.commands import Answer, CommandError, CommandRouter, RebuildRequest, ReloadRequest
 from agent.mqtt.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
@@ -34,6 +34,7 @@ class DeviceOwner:
     mqtt: MqttClient | None
     topics: Topics
     supervisor: Supervisor
+    commands: CommandRouter
     _signals: SignalInbox
     _stop: threading.Event
     _reload_lock: threading.Lock
@@ -90,7 +91,7 @@ class DeviceOwner:
             birth=self._status_fields,
             offline=self._offline_fields,
             quiet=self._quiet_mqtt,
-            commands=self.commands,  # type: ignore[attr-defined]
+            commands=self.commands,
             answer=self._publish_answer,
             shard=shard,
         )
