@@ -21,10 +21,10 @@ from fixtures_mqtt import Broker, Subscriber, free_port
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.cli import build_parser, demo_config, demo_device_id, main
-from agent.config import AgentConfig, name_problem
-from agent.fleet import client_id as fleet_client_id
+from agent.config import AgentConfig, MqttConfig, name_problem
 from agent.mqtt import MqttClient
-from agent.topics import Topics
+from agent.mqtt.fleet import client_id as fleet_client_id
+from agent.mqtt.topics import Topics
 
 # What FFmpeg (`[tcp @ 0x55d0c...] Connection ... refused`) and OpenCV (`[ WARN:0@0.1] global ...`,
 # `[ERROR:0@0.02] ...`, `[OPENCV:FFMPEG:16] ...`) print on their own.
@@ -125,7 +125,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_an_internal_error(
     def broken(_args: object) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr("agent.cli.cmd_check", broken)
+    monkeypatch.setattr("agent.cli.lifecycle.cmd_check", broken)
     assert main(["check", "-c", "x.yaml"]) == 2
     assert "internal error: BrokenPipeError" in capsys.readouterr().err
 
@@ -275,7 +275,7 @@ def test_fleet_client_id_cannot_be_an_agents() -> None:
     ids = set()
     for prefix, device in (("edge-agent", "fleet"), ("edge-agent/fleet", "x"), ("edge-agent-fleet", "a")):
         for shard in (None, 0):
-            c = MqttClient(topics=Topics(prefix, device), shard=shard)
+            c = MqttClient(MqttConfig(), Topics(prefix, device), shard=shard)
             assert AGENT_ID.fullmatch(c.client_id), c.client_id
     for _ in range(50):
         ids.add(fleet_client_id())

@@ -7,6 +7,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]  # the choices of every --log-level
+
 
 def whole(low: int, high: int) -> Callable[[str], int]:
     """A whole number in low..high."""
