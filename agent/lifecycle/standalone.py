@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from agent.config import EngineConfig, ModelConfig
-from engines.builder import build
+from engines.build.builder import BuildResult, build
 from engines.errors import BuildError, EngineError, StoreError, UnavailableError
 from engines.fingerprint import probe_fingerprint
-from engines.lock import process_command
 from engines.plan import Step, plan_steps
 from engines.settings import BuildSettings, Profile, Shapes, onnx_input_shapes
 from engines.store import EngineStore, sha256_file
-from engines.trt_api import TrtApi, import_trt
+from engines.store.lock import process_command
+from engines.trt import TrtApi, import_trt
 
 Progress = Callable[[str, int, int], None]
 # The daemon's defaults, so a build here gets the key a config names (read from the config schema).
@@ -146,7 +146,7 @@ class CalibData:
 
 def calibration_data(directory: Path, fmt: str | None, onnx: Path) -> CalibData:
     """The --calib folder as batches; UsageError naming the folder when it holds nothing usable."""
-    from agent.lifecycle.calibration import IMAGE_EXTS
+    from agent.lifecycle.capture import IMAGE_EXTS
 
     if not directory.is_dir():
         raise UsageError(f"--calib {directory}: does not exist or is not a directory")
@@ -157,7 +157,7 @@ def calibration_data(directory: Path, fmt: str | None, onnx: Path) -> CalibData:
     for p in npy or images:
         digest.update(p.name.encode() + b"\0" + sha256_file(p).encode())
     if npy:
-        from engines.calibrator import npy_batches
+        from engines.build.calibrator import npy_batches
 
         try:
             samples = sum(int(b.shape[0]) for b in npy_batches(directory))
@@ -250,7 +250,7 @@ def _int8_settings(
     settings = replace(_settings(req, step), calibration=record)
     if step.calibrator:
         return settings, calib.batches
-    from engines.quantize import RECIPE, make_qdq_onnx
+    from engines.build.quantize import RECIPE, make_qdq_onnx
 
     onnx_sha = sha256_file(req.onnx)
     want = {"source_sha256": onnx_sha, **record, "recipe": RECIPE, "fold": step.folded}
@@ -269,7 +269,7 @@ def _int8_settings(
         qdq.parent.mkdir(parents=True, exist_ok=True)
         batches = _counted(calib.batches(), f"quantize {step.label}: calibrate", calib.samples, progress)
         info = make_qdq_onnx(req.onnx, qdq, batches, req.calib_method, fold=step.folded)  # type: ignore[arg-type]
-        from engines.fsutil import atomic_write_bytes
+        from engines.store.fsutil import atomic_write_bytes
 
         atomic_write_bytes(meta, (json.dumps({"inputs": want, **info}, indent=2) + "\n").encode())
     return replace(settings, qdq_onnx=qdq), None
@@ -310,62 +310,85 @@ def build_standalone(
     with store.lock(model, wait_s=req.wait_s, command=command):
         failed_build = False
         for i, step in enumerate(steps):
-            last = i == len(steps) - 1
             if step.only_if_build_failed and not failed_build:
                 continue
             failed_build = False
             try:
-                batches = None
-                if step.precision == "int8":
-                    assert calib is not None
-                    settings, batches = _int8_settings(req, step, calib, store, model, progress)
-                else:
-                    settings = _settings(req, step)
-                before = _current_plan(store, model, settings, fp)
-                result = build(
-                    store,
-                    model,
-                    settings,
-                    fingerprint=fp,
-                    api=api,
-                    force=req.force,
-                    on_progress=progress,
-                    agent_version=version,
-                    calibration_batches=batches,
-                    locked=True,
-                )
+                result, before = _build_step(req, step, calib, store, model, fp, api, progress, version)
             except (BuildError, UnavailableError) as exc:
                 tried.append({"precision": step.label, "built": False, "reason": str(exc)})
-                if last:
+                if i == len(steps) - 1:
                     raise
                 failed_build = True
                 continue
             tried.append({"precision": step.label, "built": result.built, "reason": None})
-            previous = store.previous(model, result.key)
-            kept = (
-                previous.plan
-                if previous is not None and before is not None and previous.plan == before
-                else None
-            )
-            return StandaloneResult(
-                model,
-                result.key,
-                step.precision,
-                result.built,
-                result.plan_path,
-                store.manifest_path(model, result.key),
-                round(result.build_s, 3),
-                result.message,
-                fp.describe(),
-                kept,
-                tried,
-            )
+            return _result(store, model, step, result, before, fp, tried)
     raise BuildError(f"nothing to build for {onnx}: {'; '.join(notes) or 'no step'}")
+
+
+def _build_step(
+    req: StandaloneBuild,
+    step: Step,
+    calib: CalibData | None,
+    store: EngineStore,
+    model: str,
+    fp: Any,
+    api: TrtApi,
+    progress: Progress | None,
+    version: str,
+) -> tuple[BuildResult, Path | None]:
+    """One step's build (under the model's lock, held by the caller) and the plan its key had before."""
+    batches = None
+    if step.precision == "int8":
+        assert calib is not None
+        settings, batches = _int8_settings(req, step, calib, store, model, progress)
+    else:
+        settings = _settings(req, step)
+    before = _current_plan(store, model, settings, fp)
+    result = build(
+        store,
+        model,
+        settings,
+        fingerprint=fp,
+        api=api,
+        force=req.force,
+        on_progress=progress,
+        agent_version=version,
+        calibration_batches=batches,
+        locked=True,
+    )
+    return result, before
+
+
+def _result(
+    store: EngineStore,
+    model: str,
+    step: Step,
+    result: BuildResult,
+    before: Path | None,
+    fp: Any,
+    tried: list[dict[str, Any]],
+) -> StandaloneResult:
+    previous = store.previous(model, result.key)
+    kept = previous.plan if previous is not None and before is not None and previous.plan == before else None
+    return StandaloneResult(
+        model,
+        result.key,
+        step.precision,
+        result.built,
+        result.plan_path,
+        store.manifest_path(model, result.key),
+        round(result.build_s, 3),
+        result.message,
+        fp.describe(),
+        kept,
+        tried,
+    )
 
 
 def _current_plan(store: EngineStore, model: str, settings: BuildSettings, fp: Any) -> Path | None:
     """The plan of the engine key of `settings` now (None: none yet): did a build replace one?"""
-    from engines.compat import build_spec
+    from engines.build.compat import build_spec
 
     try:
         m = store.manifest(model, build_spec(settings, fp).key)
