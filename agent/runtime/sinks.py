@@ -8,7 +8,7 @@ MQTT goes through the owner's client as it is at each call (``MqttOut``): a relo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -22,11 +22,9 @@ from agent.results import ConsoleSink, detection_fields
 from agent.runtime.cameras import CameraRuntime
 from agent.telemetry import StageWindow
 from pipelines.frames import host_image, stage_latencies_ms
-from pipelines.scheduler import Result
+from pipelines.scheduler import Result, Sink
 
 ON_CHANGE_KEEPALIVE_S = 10.0  # publish.detections on_change: a message at least this often anyway
-
-Sink = Callable[[Result], None]
 
 
 class MqttOut(Protocol):

@@ -21,7 +21,7 @@ from agent.runtime.cameras import CameraRuntime, class_mask
 from engines.errors import EngineError
 from engines.runtimes.base import Backend
 from pipelines.models import ModelSpec, check_outputs, probe_input
-from pipelines.scheduler import CameraRoute, ModelWorker, Result
+from pipelines.scheduler import CameraRoute, ModelWorker, Sink
 from pipelines.sources import SourceSpec, open_reader
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[Result], None]
 CameraStateCallback = Callable[[str, str, "str | None"], None]
 
 
