@@ -178,20 +178,7 @@ class Agent(DeviceOwner):
 
     # ---- status and camera states ----------------------------------------------------------------
     def _status_fields(self) -> dict:
-        up = sum(1 for c in self.cameras.values() if c.state == "streaming")
-        total = len(self.cameras)
-        ended = sum(1 for c in self.cameras.values() if c.state == "ended")  # a file played once: no fault
-        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
-        fields = {
-            "state": state,
-            "version": __version__,
-            "started_at": self.started_at,
-            "cameras_up": up,
-            "cameras_total": total,
-        }
-        if self.last_reload is not None:
-            fields["last_reload"] = self.last_reload
-        return fields
+        return self._status_of([c.state for c in self.cameras.values()], len(self.cameras))
 
     def _on_camera_state(self, camera: str, state: str, reason: str | None) -> None:
         cam = self.cameras.get(camera)
@@ -250,13 +237,6 @@ class Agent(DeviceOwner):
         return self.sinks.snapshot(req.camera)
 
     # ---- telemetry ---------------------------------------------------------------------------
-    def _telemetry_loop(self) -> None:
-        while not self._stop.wait(self.cfg.telemetry.interval_s):  # re-read: a reload may change it
-            try:
-                self.publish_telemetry()
-            except Exception:
-                log.exception("telemetry failed")
-
     def telemetry_fields(self) -> dict[str, Any]:
         mqtt = {**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None
         return reports.telemetry_fields(self.pipeline, self.stages, mqtt)
@@ -265,10 +245,7 @@ class Agent(DeviceOwner):
         if self.shard is not None:  # the supervisor adds every shard's up and publishes one message
             self.shard.telemetry(self.telemetry_fields(), self.stages.drain())
         else:
-            fields = self.telemetry_fields()
-            self.metrics.update(fields)
-            if self.mqtt is not None:
-                self.mqtt.publish(self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event")
+            self._publish_telemetry(self.telemetry_fields())
         if self.mqtt is not None:
             for cam in list(self.cameras.values()):
                 self._publish_camera_state(cam)
@@ -310,17 +287,12 @@ class Agent(DeviceOwner):
         self.sinks.console_on = new.console
         self._publish_status()
 
-    def _replace_mqtt(self, client: MqttClient | None, topics: Topics) -> None:
-        old, self.mqtt, self.topics = self.mqtt, client, topics
-        if old is not None:
-            old.close()  # graceful: "offline" on the old status topic, then DISCONNECT
-        if self.mqtt is not None:
-            self.mqtt.start()
-            for cam in self.cameras.values():
-                self._publish_camera_state(cam)
-                if cam.events is not None:
-                    cam.events.publish_states()
-            self.engines.republish()  # discovery configs follow in _reload_from_file
+    def _republish(self) -> None:
+        for cam in self.cameras.values():
+            self._publish_camera_state(cam)
+            if cam.events is not None:
+                cam.events.publish_states()
+        self.engines.republish()
 
     # ---- stop --------------------------------------------------------------------------------
     def _install_signals(self) -> None:

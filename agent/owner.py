@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
@@ -23,6 +24,7 @@ from agent.preflight import preflight
 from agent.reload import ReloadPlan, plan_reload
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Supervisor
+from agent.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class DeviceOwner:
     topics: Topics
     supervisor: Supervisor
     commands: CommandRouter
+    metrics: Metrics
     _signals: SignalInbox
     _stop: threading.Event
     _reload_lock: threading.Lock
@@ -71,12 +74,50 @@ class DeviceOwner:
     def _status_fields(self) -> dict:
         raise NotImplementedError
 
+    def publish_telemetry(self) -> None:
+        raise NotImplementedError
+
+    def _republish(self) -> None:
+        """After a new MQTT client started (a reload): the retained states it must carry again."""
+        raise NotImplementedError
+
     def _on_region_state(self, topic: str, body: bytes) -> None:
         raise NotImplementedError
 
     def _status_extra(self) -> str:
         """What STATUS= adds after the cameras and models (agent.supervisor)."""
         return self.reload_note
+
+    # ---- status and telemetry ----------------------------------------------------------------------------
+    def _status_of(self, states: list[str], total: int, **extra: Any) -> dict:
+        """The status payload's fields from the cameras' states (`extra` before `last_reload`)."""
+        up = sum(1 for s in states if s == "streaming")
+        ended = sum(1 for s in states if s == "ended")  # a file played once: no fault
+        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
+        fields = {
+            "state": state,
+            "version": __version__,
+            "started_at": self.started_at,
+            "cameras_up": up,
+            "cameras_total": total,
+            **extra,
+        }
+        if self.last_reload is not None:
+            fields["last_reload"] = self.last_reload
+        return fields
+
+    def _telemetry_loop(self) -> None:
+        while not self._stop.wait(self.cfg.telemetry.interval_s):  # re-read: a reload may change it
+            try:
+                self.publish_telemetry()
+            except Exception:
+                log.exception("telemetry failed")
+
+    def _publish_telemetry(self, fields: dict[str, Any]) -> None:
+        """One telemetry payload: to Prometheus and, when connected to a broker, on the telemetry topic."""
+        self.metrics.update(fields)
+        if self.mqtt is not None:
+            self.mqtt.publish(self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event")
 
     # ---- the MQTT client ----------------------------------------------------------------------------
     def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
@@ -100,6 +141,16 @@ class DeviceOwner:
             for region_filter in topics.regions_filter():
                 client.watch(region_filter, self._on_region_state)
         return client
+
+    def _replace_mqtt(self, client: MqttClient | None, topics: Topics) -> None:
+        """A reload's new client (or none) in place of the old one, which closes gracefully ("offline" on
+        its status topic, then DISCONNECT); the new one starts and gets the retained states again."""
+        old, self.mqtt, self.topics = self.mqtt, client, topics
+        if old is not None:
+            old.close()
+        if self.mqtt is not None:
+            self.mqtt.start()
+            self._republish()  # discovery configs follow in _apply_reload
 
     # ---- status and answers ------------------------------------------------------------------------
     def _offline_fields(self, reason: str) -> dict:

@@ -221,21 +221,7 @@ class ShardedAgent(DeviceOwner):
     def _status_fields(self) -> dict:
         with self._lock:
             states = [s for s, _ in self.cameras.values()]
-        total = len(self.plan.cameras)
-        up = sum(1 for s in states if s == "streaming")
-        ended = sum(1 for s in states if s == "ended")
-        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
-        fields: dict[str, Any] = {
-            "state": state,
-            "version": __version__,
-            "started_at": self.started_at,
-            "cameras_up": up,
-            "cameras_total": total,
-            "shards": self._shards_summary(),
-        }
-        if self.last_reload is not None:
-            fields["last_reload"] = self.last_reload
-        return fields
+        return self._status_of(states, len(self.plan.cameras), shards=self._shards_summary())
 
     def _shards_summary(self) -> dict[str, Any]:
         return {
@@ -260,6 +246,9 @@ class ShardedAgent(DeviceOwner):
 
     def _cameras_total(self) -> int:
         return len(self.plan.cameras)
+
+    def _republish(self) -> None:
+        self.shard_engines.republish()
 
     # ---- commands -------------------------------------------------------------------------------------
     def _rebuild_targets(self) -> list[str]:
@@ -297,17 +286,8 @@ class ShardedAgent(DeviceOwner):
         mqtt = {**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None
         return status.telemetry_fields(self.hosts, self.plan, self._telemetry, self.stages, mqtt)
 
-    def _telemetry_loop(self) -> None:
-        while not self._stop.wait(self.cfg.telemetry.interval_s):
-            try:
-                fields = self.telemetry_fields()
-                self.metrics.update(fields)
-                if self.mqtt is not None:
-                    self.mqtt.publish(
-                        self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event"
-                    )
-            except Exception:
-                log.exception("telemetry failed")
+    def publish_telemetry(self) -> None:
+        self._publish_telemetry(self.telemetry_fields())
 
     def _watch_loop(self) -> None:
         """A running shard that stopped reporting (hung: a deadlock, a decoder stuck in a driver call) is
@@ -324,13 +304,8 @@ class ShardedAgent(DeviceOwner):
         old, old_plan = self.cfg, self.plan
         self.shard_engines.apply(new, plan)
         if plan.mqtt:
-            client = self._make_mqtt(new, Topics(new.mqtt.prefix, new.device_id))
-            previous, self.mqtt, self.topics = self.mqtt, client, Topics(new.mqtt.prefix, new.device_id)
-            if previous is not None:
-                previous.close()
-            if client is not None:
-                client.start()
-                self.shard_engines.republish()
+            topics = Topics(new.mqtt.prefix, new.device_id)
+            self._replace_mqtt(self._make_mqtt(new, topics), topics)
         self.cfg, self.plan = new, placement
         errors = []
         for host in self.hosts:  # each shard applies its part in place, as a single process would
