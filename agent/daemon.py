@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-
 
 class Agent(DeviceOwner):
     def __init__(
