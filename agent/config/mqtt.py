@@ -10,6 +10,7 @@ from agent.config.errors import ConfigError
 from agent.config.files import file_problem
 from agent.config.names import host_problem, name_problem, topic_prefix_problem
 from agent.config.strict import BOOL_WORDS, ConfigPath, EnvText, Secret, StrictModel
+from agent.mqtt.password import PasswordFileError, read_password_file
 from agent.mqtt.tls import TlsFileError, TlsOptions, client_context
 
 
@@ -136,25 +137,26 @@ class MqttConfig(StrictModel):
         return self
 
     def read_password(self) -> str | None:
-        """The password from `password` or `password_file`; ConfigError naming mqtt.password_file."""
+        """The password from `password` or `password_file` (read by agent.mqtt.password, as the fleet tool
+        reads its own); ConfigError naming mqtt.password_file."""
         if self.password is not None:
             return self.password.get_secret_value()
         if self.password_file is None:
             return None
-        path = self.password_file
-        problem = file_problem(path)
-        if problem is not None and problem.startswith(("is ", "not ")):  # a directory, a FIFO (would block)
-            raise ConfigError(f"mqtt.password_file: {path}: {problem}")
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"mqtt.password_file: cannot read {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:  # its message would quote bytes of the password
-            raise ConfigError(f"mqtt.password_file: {path}: not UTF-8 text") from None
-        password = text.strip()
-        if not password:
-            raise ConfigError(f"mqtt.password_file: {path}: the file is empty")
-        return password
+            return read_password_file(self.password_file)
+        except PasswordFileError as exc:
+            raise ConfigError(_password_file_line(exc)) from None
+        except ValueError:  # a NUL in the path: a config file cannot hold one, a caller could
+            raise ConfigError(f"mqtt.password_file: {self.password_file}: not a valid path") from None
+
+
+def _password_file_line(exc: PasswordFileError) -> str:
+    # The config's wording, older than the shared reader: an OS error is 'cannot read PATH: why'.
+    reason = exc.problem.removeprefix("cannot read (")
+    if reason != exc.problem and reason.endswith(")"):
+        return f"mqtt.password_file: cannot read {exc.path}: {reason[:-1]}"
+    return f"mqtt.password_file: {exc.path}: {exc.problem}"
 
 
 def mqtt_file_problems(mqtt: MqttConfig) -> list[str]:
