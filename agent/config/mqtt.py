@@ -57,7 +57,8 @@ class MqttConfig(StrictModel):
     # is found within reconnect_max_s plus the connect itself: the default keeps that within 5 s.
     reconnect_min_s: float = Field(1.0, gt=0, le=60)
     reconnect_max_s: float = Field(4.0, gt=0, le=300)
-    # MQTT commands this agent accepts (cmd/<action>); others are answered "disabled".
+    # MQTT commands this agent accepts (cmd/<action>); others are answered "disabled". (noqa: pydantic copies
+    # a field's default; ruff cannot tell StrictModel is pydantic across modules.)
     commands: list[Literal["rebuild", "reload", "snapshot"]] = ["rebuild", "reload", "snapshot"]  # noqa: RUF012
     # Fleet groups: the agent also takes commands on {prefix}/_group/<name>/cmd/+ (and always {prefix}/_all).
     groups: list[str] = Field(default_factory=list, max_length=32)

@@ -28,6 +28,7 @@ class HomeAssistantConfig(StrictModel):
     enabled: bool = False
     discovery_prefix: str = "homeassistant"  # HA's default; must match HA's MQTT discovery prefix
     # Object-count sensors for cameras without `classes` (a camera's own `classes` are counted instead).
+    # (noqa: pydantic copies a field's default; ruff cannot tell StrictModel is pydantic across modules.)
     count_labels: list[str] = ["person", "car"]  # noqa: RUF012
 
     @field_validator("discovery_prefix")
