@@ -22,7 +22,7 @@ import numpy as np
 
 from engines.runtimes.base import TensorSpec
 from pipelines.models.base import ModelAdapter, is_grafted
-from pipelines.models.registry import adapter_class, make_adapter
+from pipelines.models.registry import FORMATS, adapter_class, make_adapter
 
 if TYPE_CHECKING:
     import onnx
@@ -115,10 +115,6 @@ class ModelSpec:
         """A new adapter: preprocessing for `input`, host decoding or the grafted detections."""
         return make_adapter(self.format, self.input, self.num_classes, grafted=self.postprocess == "graph")
 
-    def record(self, params: GraftParams) -> GraftRecord:
-        """The record a graft of this (host) model with `params` writes."""
-        return GraftRecord(self.format, self.num_classes, params, str(self.source_onnx))
-
     def grafted_as(self, onnx_path: Path, params: GraftParams) -> ModelSpec:
         """This model served as `onnx_path`, its decode + NMS grafted on with `params`."""
         return replace(self, onnx=onnx_path, postprocess="graph", graft=params)
@@ -147,7 +143,7 @@ def resolve_onnx(name: str, path: Path, fmt: str, labels: Sequence[str]) -> Mode
     if record is None:
         grafted = is_grafted([o.name for o in model.graph.output])
         return replace(spec, postprocess="graph") if grafted else spec
-    if adapter_class(record.format) is not adapter_class(fmt):
+    if FORMATS.get(record.format) is not adapter_class(fmt):
         raise SpecError("format", f"{fmt}: {path} was grafted for {record.format} outputs")
     if record.num_classes != spec.num_classes:
         raise SpecError(
