@@ -166,6 +166,48 @@ def test_objects_in_zones_and_none() -> None:
     assert [e["type"] for e in out.events()] == ["zone_enter", "zone_leave"]
 
 
+def test_min_duration_holds_new_until_the_track_has_lived_that_long() -> None:
+    """`events.min_duration_s: 1`: a person seen for 0.4 s (a flicker) has neither `new` nor `end`; one
+    seen for 3 s gets its `new` once it has been followed 1 s, then its `end`."""
+    _, out, feed = events_of(camera(events={"min_duration_s": 1.0}, tracking={"max_lost_s": 0.2}))
+    for _ in range(10):  # 0.4 s
+        feed.frame((100, 200, PERSON))
+    for _ in range(15):
+        feed.frame()
+    assert out.events() == []
+    for _ in range(75):  # 3 s
+        feed.frame((400, 200, PERSON))
+    for _ in range(15):
+        feed.frame()
+    events = out.events()
+    assert [e["type"] for e in events] == ["new", "end"], events
+    new, end = events
+    assert new["last_seen"] - new["first_seen"] == pytest.approx(1.0, abs=0.05)
+    assert end["track_id"] == new["track_id"] and end["duration_s"] == pytest.approx(2.96, abs=0.05)
+
+
+def test_min_duration_with_objects_in_zones_keeps_every_zone_event() -> None:
+    """in_zones + min_duration_s: a short visit to the zone still gives its enter and leave, no object
+    events; a long one gives `new` once it has lived min_duration_s and is in a zone, before its leave."""
+    zones = {"right": {"polygon": RIGHT_THIRD}}
+    _, out, feed = events_of(
+        camera(
+            zones=zones, events={"objects": "in_zones", "min_duration_s": 1.0}, tracking={"max_lost_s": 0.2}
+        )
+    )
+    for _ in range(8):  # 0.32 s, in the zone
+        feed.frame((550, 200, PERSON))
+    for _ in range(15):
+        feed.frame()
+    assert [e["type"] for e in out.events()] == ["zone_enter", "zone_leave"]
+    for x in range(100, 600, 5):  # 4 s: 2.6 s outside the zone, then in it
+        feed.frame((x, 200, PERSON))
+    for _ in range(15):
+        feed.frame()
+    kinds = [e["type"] for e in out.events()[2:]]
+    assert kinds == ["new", "zone_enter", "zone_leave", "end"], kinds
+
+
 def test_events_off_still_counts() -> None:
     events, out, feed = events_of(
         camera(zones={"right": {"polygon": RIGHT_THIRD}}, events={"enabled": False})
@@ -368,6 +410,13 @@ def test_events_only_cut_the_messages_tenfold_on_the_bundled_clip() -> None:
     # The others, for the record (README): every object's new/end cost more on this montage of short shots.
     n_all, kinds_all, _ = clip_messages({"zones": zone})
     assert kinds_all["new"] >= kinds_all["end"] >= kinds["zone_leave"] and n_all > n
+    # Object events for objects followed at least a second (events.min_duration_s): the flickers of the
+    # montage are no events, the people and cars that stay are; a tenth of the messages again.
+    n_obj, kinds_obj, events_obj = clip_messages(
+        {"events": {"min_duration_s": 1.0}, "publish": {"detections": "off"}}
+    )
+    assert n_obj * 10 <= 250 and kinds_obj["new"] >= 3, kinds_obj
+    assert kinds_obj["new"] + kinds_obj["end"] == n_obj and events_obj.tracks_started > kinds_obj["new"]
 
 
 def test_a_failing_analytics_reports_untracked_and_ends_its_tracks(monkeypatch: pytest.MonkeyPatch) -> None:

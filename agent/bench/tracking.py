@@ -251,6 +251,7 @@ def record_clip(clip: str, ort: Any, adapter: Any) -> tuple[list[Detections], fl
 
 CLIP_CONFIGS: dict[str, dict[str, Any]] = {
     "objects only": {},
+    "objects only, events.min_duration_s 1": {"events": {"min_duration_s": 1.0}},
     "zone (people) + objects": {
         "zones": {"z": {"polygon": [[0.66, 0], [1, 0], [1, 1], [0.66, 1]], "labels": ["person"]}}
     },

@@ -121,6 +121,9 @@ class EventsConfig(StrictModel):
     # since its last event, at most one per update_interval_s per object.
     update_interval_s: float = Field(5.0, ge=0.1, le=3600)
     update_move: float = Field(0.2, gt=0.0, le=2.0)
+    # An object's `new` waits until its track has lived this long (0: at confirmation); tracks that end
+    # sooner get no `new` and no `end` (their zone and line events still go out).
+    min_duration_s: float = Field(0.0, ge=0.0, le=3600)
     snapshot: EventSnapshotConfig = EventSnapshotConfig()
 
 

@@ -201,8 +201,8 @@ class CameraEvents:
         self.tracks_started += int(step.confirmed.size)
         if enabled:
             objects = self._cfg.objects
-            if objects == "all":
-                for row in step.confirmed.tolist():
+            if objects != "none":
+                for row in self._due_new(a).tolist():
                     self._object_event("new", a, row)
             for tr in a.transitions:
                 if tr.reason is not None:
@@ -212,13 +212,31 @@ class CameraEvents:
                     continue
                 if objects == "in_zones" and tr.kind == "zone_enter":
                     row = self._row_of(a, tr.track_id)
-                    if row is not None and not self._announced[row]:
+                    if row is not None and not self._announced[row] and self._old_enough(a, row):
                         self._object_event("new", a, row)  # its first zone: the object becomes an event
                 self._zone_event(tr, a)
             if objects != "none":
                 self._updates(a)
         if a.zones_changed or a.lines_changed:
             self._regions.publish(self.analytics, force=False)
+
+    def _due_new(self, a: Analysis) -> np.ndarray:
+        """Rows whose ``new`` is due before this frame's transitions. Without ``events.min_duration_s``:
+        every track confirmed in the frame (objects all; in_zones announces at the zone entry). With it,
+        a track is announced once it has been followed that long (Frigate's idea: a flicker of a few
+        frames is no event), and for in_zones only after it entered a zone; one that ends sooner has
+        neither ``new`` nor ``end`` (its zone events still go out)."""
+        if self._cfg.min_duration_s <= 0:
+            return a.step.confirmed if self._cfg.objects == "all" else np.zeros(0, np.intp)
+        due = a.active & ~self._announced
+        due &= a.ts - a.table[FIRST_SEEN] >= self._cfg.min_duration_s
+        if self._cfg.objects == "in_zones":
+            visited = self.analytics.zones.visited
+            due &= visited.any(axis=1) if visited.shape[1] else False
+        return due.nonzero()[0]
+
+    def _old_enough(self, a: Analysis, row: int) -> bool:
+        return bool(a.ts - a.table[FIRST_SEEN, row] >= self._cfg.min_duration_s)
 
     def _follow(self, row_map: np.ndarray | None, n: int) -> None:
         if row_map is None:  # start afresh
