@@ -63,7 +63,7 @@ def resolve_spec(name: str, mcfg: ModelConfig, engine_dir: Path | None = None) -
         return spec
     if engine_dir is None:
         raise ConfigError(f"models.{name}.postprocess: graph: no engine_dir to keep the grafted graph in")
-    from agent.lifecycle.graft import grafted_onnx
+    from agent.lifecycle.graft import grafted_onnx  # onnx graph building: only for postprocess: graph
 
     return spec.grafted_as(grafted_onnx(spec, params, engine_dir), params)
 
