@@ -1,10 +1,10 @@
 """Bursts of SIGINT / SIGTERM / SIGHUP at the real agent: each run ends in reloads or in one clean stop.
 
-Before agent.signals, the handlers set threading.Events; a handler runs between two bytecodes of the main
-thread, possibly while that thread holds the same Event's lock (its wait or set), and then blocks on it for
-ever: two quick Ctrl-C hung the agent in about 1 of 20 tries, and SIGTERM was ignored afterwards. Here
-every run must exit 0 within 5 s of its last signal with "offline" retained on its status topic. Runs go
-four at a time (agents at 2 fps on ONNX Runtime) so that enough of them fit in a minute or two of CI.
+Before agent.service.signals, the handlers set threading.Events; a handler runs between two bytecodes of
+the main thread, possibly while that thread holds the same Event's lock (its wait or set), and then blocks
+on it for ever: two quick Ctrl-C hung the agent in about 1 of 20 tries, and SIGTERM was ignored afterwards.
+Here every run must exit 0 within 5 s of its last signal with "offline" retained on its status topic. Runs
+go four at a time (agents at 2 fps on ONNX Runtime) so that enough of them fit in a minute or two of CI.
 """
 
 from __future__ import annotations
