@@ -2,12 +2,14 @@
 
     handle = start_child([sys.executable, "-m", "agent.lifecycle.job"], request, on_event=print)
     handle.kill()              # SIGKILL; leaves no loadable partial plan (engines.store writes atomically)
-    result = handle.wait()     # the final event as a dict
+    result = handle.wait()     # the final event: a Result
 
 Protocol: the parent writes one JSON request on the child's stdin and closes it; the child prints JSON
 lines on stdout, progress events `{"event": "progress", "phase", "step", "total"}` and last one
 `{"event": "result", "ok": bool, ...}`; its logs (and TensorRT's) go to stderr, whose tail is kept for
 the error of a child that dies without a result. There is one such child: agent.lifecycle.job.
+Both sides hold events as Progress and Result; the JSON form exists only on the pipe (to_wire,
+event_from_wire).
 """
 
 from __future__ import annotations
@@ -21,28 +23,75 @@ import subprocess
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-Event = dict[str, Any]
 _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def failure(error: str, error_type: str) -> Event:
-    """The result event of a job that did not happen (or a child that died before reporting)."""
-    return {
-        "event": "result",
-        "ok": False,
-        "built": False,
-        "key": None,
-        "plan": None,
-        "manifest": None,
-        "build_s": 0.0,
-        "message": "",
-        "reasons": [],
-        "error": error,
-        "error_type": error_type,
-    }
+@dataclass(frozen=True)
+class Progress:
+    """A phase of the job at step `step` of `total` (step == total: the phase is done)."""
+
+    phase: str
+    step: int
+    total: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"event": "progress", "phase": self.phase, "step": self.step, "total": self.total}
+
+
+@dataclass(frozen=True)
+class Result:
+    """The child's last event. `fields` are its job's result (agent.lifecycle.job.JobResult reads
+    them); `ok`, `error` and `error_type` are in every result, a failure's included."""
+
+    fields: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.fields.get("ok"))
+
+    @property
+    def error(self) -> str | None:
+        return self.fields.get("error")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"event": "result", **self.fields}
+
+
+Event = Progress | Result
+
+
+def event_from_wire(obj: Any) -> Event | None:
+    """The event a JSON line carries; None for anything else (native code printing JSON-like text)."""
+    if not isinstance(obj, dict):
+        return None
+    kind = obj.get("event")
+    if kind == "progress":
+        return Progress(str(obj.get("phase")), int(obj.get("step") or 0), int(obj.get("total") or 0))
+    if kind == "result":
+        return Result({k: v for k, v in obj.items() if k != "event"})
+    return None
+
+
+def failure(error: str, error_type: str) -> Result:
+    """The result of a job that did not happen (or a child that died before reporting)."""
+    return Result(
+        {
+            "ok": False,
+            "built": False,
+            "key": None,
+            "plan": None,
+            "manifest": None,
+            "build_s": 0.0,
+            "message": "",
+            "reasons": [],
+            "error": error,
+            "error_type": error_type,
+        }
+    )
 
 
 def json_lines_stdout() -> Callable[[Event], None]:
@@ -54,19 +103,19 @@ def json_lines_stdout() -> Callable[[Event], None]:
     os.dup2(2, 1)
 
     def emit(event: Event) -> None:
-        out.write(json.dumps(event) + "\n")
+        out.write(json.dumps(event.to_wire()) + "\n")
 
     return emit
 
 
 class ChildProcess:
-    """Handle of a running child: `.pid`, `.kill()`, `.wait(timeout)` -> final result dict."""
+    """Handle of a running child: `.pid`, `.kill()`, `.wait(timeout)` -> its Result."""
 
     def __init__(self, proc: subprocess.Popen[bytes], on_event: Callable[[Event], None] | None) -> None:
         self.proc = proc
         self.pid = proc.pid
         self._on_event = on_event
-        self._result: Event | None = None
+        self._result: Result | None = None
         self._stderr: deque[str] = deque(maxlen=40)
         self._killed = False
         assert proc.stdout is not None and proc.stderr is not None
@@ -78,11 +127,13 @@ class ChildProcess:
     def _read_stdout(self, stream: IO[bytes]) -> None:
         for raw in stream:
             try:
-                event = json.loads(raw)
-            except ValueError:
+                event = event_from_wire(json.loads(raw))
+            except (ValueError, TypeError):
+                event = None
+            if event is None:
                 self._stderr.append(raw.decode(errors="replace").rstrip())
                 continue
-            if event.get("event") == "result":
+            if isinstance(event, Result):
                 self._result = event
             if self._on_event is not None:
                 try:
@@ -103,7 +154,7 @@ class ChildProcess:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def wait(self, timeout: float | None = None) -> Event:
+    def wait(self, timeout: float | None = None) -> Result:
         """Wait for the child; return its result event, or a failure result if it died without one."""
         rc = self.proc.wait(timeout)
         self._out.join()

@@ -1,22 +1,26 @@
 """The engine manifest (`{key}.json` next to `{key}.plan`), schema "edge-agent/engine-manifest/1".
 
     m = load_manifest(path)        # ManifestError naming the path and the field on any problem
-    m.fingerprint["trt_version"], m.build["precision"], m.to_json()
+    m.fingerprint["trt_version"], m.build.precision, m.build.plan_sha256, m.to_json()
 
 Fields are exactly DESIGN.md's "Engine store and manifest". `validation` is null until the
 precision issue adds the accuracy gate. Fields added later (OPTIONAL_BUILD_SPEC: the profiling verbosity
 and the layer-precision summary) are checked where present: manifests written before them still load.
+`build` is a BuildInfo: typed attributes, written back with the keys (and key order) it was read with;
+it also reads as a mapping of its JSON keys (`m.build["plan_sha256"]`), for the readers of the store.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from engines.build.layer_info import check_summary
 from engines.errors import ManifestError
-from engines.layer_info import check_summary
+from engines.precision import Built
 
 SCHEMA = "edge-agent/engine-manifest/1"
 
@@ -62,12 +66,76 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 
 
+@dataclass(frozen=True, eq=False)
+class BuildInfo(Mapping[str, Any]):
+    """The manifest's `build` object (fields: BUILD_SPEC, then OPTIONAL_BUILD_SPEC)."""
+
+    onnx_sha256: str
+    precision: Built
+    profiles: list[dict[str, Any]]
+    workspace_bytes: int | None
+    optimization_level: int | None
+    calibration: dict[str, Any] | None
+    timing_cache: dict[str, Any] | None
+    built_at: str
+    build_s: float
+    agent_version: str
+    plan_sha256: str
+    # Absent from older manifests (None here, and not written back where it was absent).
+    profiling_verbosity: str | None = None
+    layers: dict[str, Any] | None = None
+    profiles_per_context: int | None = None
+    tf32: bool | None = None
+    int8: dict[str, Any] | None = None
+    dla: dict[str, Any] | None = None
+    refused_at_load: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know: kept as read
+    key_order: tuple[str, ...] = ()  # the JSON keys as read: written back in that order
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BuildInfo:
+        """From a checked `build` object (manifest_from_dict checks it; a builder writes it whole)."""
+        if isinstance(d, BuildInfo):
+            return d
+        known = {k: v for k, v in d.items() if k in _FIELDS}
+        extra = {k: v for k, v in d.items() if k not in _FIELDS}
+        return cls(**known, extra=extra, key_order=tuple(d))
+
+    def without(self, name: str) -> BuildInfo:
+        """A copy with the optional field `name` absent (cleared, and not written)."""
+        order = tuple(k for k in self.key_order if k != name)
+        return replace(self, **{name: None}, key_order=order)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: the keys as read, then any field set since (required ones always)."""
+        out = {k: self.extra[k] if k in self.extra else getattr(self, k) for k in self.key_order}
+        for name in _FIELDS:
+            if name not in out and (name in BUILD_SPEC or getattr(self, name) is not None):
+                out[name] = getattr(self, name)
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+_FIELDS = tuple(f.name for f in fields(BuildInfo) if f.name not in ("extra", "key_order"))
+
+
 @dataclass(frozen=True)
 class Manifest:
     fingerprint: dict[str, Any]
-    build: dict[str, Any]
+    build: BuildInfo  # a dict is taken too (a builder's record): made a BuildInfo here
     validation: dict[str, Any] | None = None
     path: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "build", BuildInfo.from_dict(self.build))
 
     @property
     def key(self) -> str | None:
@@ -77,7 +145,7 @@ class Manifest:
         return {
             "schema": SCHEMA,
             "fingerprint": self.fingerprint,
-            "build": self.build,
+            "build": self.build.to_dict(),
             "validation": self.validation,
         }
 

@@ -1,12 +1,12 @@
-"""Precision names, their order, and the plan: which engines a requested precision may end up as.
+"""The plan: which engines a requested precision may end up as, in the order they are tried.
 
     steps = plan_steps("best", api)   # [int8, int8 (folded), fp16, fp32] on TensorRT-RTX
     steps = plan_steps("fp16", api)   # [fp16, fp32]
 
-The one place for precision names. A plan is tried top-down by the agent's precision job: each step's
-graph passes the accuracy gate, is built, and (where the engine executes) is gated again; a step that
-fails any of these gives way to the next one. The policy depends only on what the TensorRT flavour can
-do (engines.trt_api probes):
+Precision names and parsing: engines.precision. A plan is tried top-down by the agent's precision job:
+each step's graph passes the accuracy gate, is built, and (where the engine executes) is gated again; a
+step that fails any of these gives way to the next one. The policy depends only on what the TensorRT
+flavour can do (engines.trt probes):
 - weakly typed TensorRT (<= 10): INT8 through a calibrator on the calibration frames;
 - strongly typed TensorRT (11, RTX): INT8 from a Q/DQ ONNX; when TensorRT cannot build the unfolded Q/DQ
   graph (TensorRT-RTX 1.7 on tf2onnx graphs), the folded graph is tried before dropping to FP16.
@@ -15,15 +15,13 @@ do (engines.trt_api probes):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
-Precision = Literal["fp32", "fp16", "int8", "best"]
-REQUESTABLE: tuple[str, ...] = get_args(Precision)
-ORDER: tuple[str, ...] = ("int8", "fp16", "fp32")  # most reduced first; fp32 is the reference
+from engines.precision import ORDER, Built, Precision
 
 
 class Capabilities(Protocol):
-    """What a plan needs to know of a TensorRT flavour (engines.trt_api.TrtApi has it)."""
+    """What a plan needs to know of a TensorRT flavour (engines.trt.TrtApi has it)."""
 
     @property
     def strongly_typed(self) -> bool: ...
@@ -33,7 +31,7 @@ class Capabilities(Protocol):
 
 @dataclass(frozen=True)
 class Step:
-    precision: str  # fp32 | fp16 | int8
+    precision: Built
     folded: bool = False  # INT8 from the folded Q/DQ graph
     only_if_build_failed: bool = False  # tried only when the step before it failed to build
     calibrator: bool = False  # INT8 through TensorRT's calibrator (weakly typed) instead of Q/DQ
@@ -43,20 +41,13 @@ class Step:
         return f"{self.precision}{' (folded)' if self.folded else ''}"
 
 
-def check_precision(precision: str, where: str) -> str:
-    if precision not in REQUESTABLE:
-        raise ValueError(f"{where}: {precision!r} is not one of {', '.join(REQUESTABLE)}")
-    return precision
-
-
-def candidates(requested: str) -> tuple[str, ...]:
+def candidates(requested: Precision) -> tuple[Built, ...]:
     """The precisions `requested` may end up as, most reduced first (best and int8 start at int8)."""
-    check_precision(requested, "precision")
-    start = "int8" if requested == "best" else requested
+    start: Built = "int8" if requested == "best" else requested
     return ORDER[ORDER.index(start) :]
 
 
-def plan_steps(requested: str, caps: Capabilities) -> list[Step]:
+def plan_steps(requested: Precision, caps: Capabilities) -> list[Step]:
     """The steps for `requested` on this TensorRT flavour, in the order they are tried."""
     available = set(caps.precisions())
     steps: list[Step] = []

@@ -8,6 +8,13 @@ returns float32 like the ONNX Runtime fallback); INT8 means the caller's Q/DQ ON
 Weakly typed TensorRT (<= 10) keeps the FP32 graph and sets builder flags: FP16, or INT8 + FP16 with a
 calibrator (engines.calibrator) - or, given a Q/DQ ONNX there too, INT8 + FP16 without a calibrator.
 `best` is the agent's to resolve (accuracy gate) before anything is built: refused here.
+
+The precision names live here too, typed and parsed once where they enter (config, CLI, a JSON request):
+
+    precision: Precision = parse_precision(text, "--precision")   # ValueError naming where, else typed
+    built: Built = "fp16"                                          # what an engine is; never `best`
+
+Light on purpose (onnx is imported where a graph is converted): the config imports these names.
 """
 
 from __future__ import annotations
@@ -16,48 +23,63 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
 
-import onnx
-
-from engines import islands
 from engines.errors import BuildError, UnavailableError
-from engines.trt_api import TrtApi
+
+if TYPE_CHECKING:
+    from engines.trt import TrtApi
 
 log = logging.getLogger("engines.precision")
+
+Precision = Literal["fp32", "fp16", "int8", "best"]  # what a model may ask for (models.M.precision)
+Built = Literal["fp32", "fp16", "int8"]  # what an engine is built as: `best` resolved by the accuracy gate
+REQUESTABLE: tuple[Precision, ...] = get_args(Precision)
+ORDER: tuple[Built, ...] = ("int8", "fp16", "fp32")  # most reduced first; fp32 is the reference
+
+
+def parse_precision(value: object, where: str = "precision") -> Precision:
+    """`value` as a Precision; ValueError naming `where` otherwise. Called where a precision enters."""
+    for precision in REQUESTABLE:
+        if value == precision:
+            return precision
+    raise ValueError(f"{where}: {value!r} is not one of {', '.join(REQUESTABLE)}")
 
 
 @dataclass(frozen=True)
 class PreparedModel:
     onnx_path: Path
     model_bytes: bytes | None  # a converted graph; None: parse onnx_path itself
-    builder_flag: str  # precision flag for weakly typed builders ("fp32": none)
-    precision: str
+    builder_flag: Built  # precision flag for weakly typed builders ("fp32": none)
+    precision: Built
     quantized: bool = False  # onnx_path is a Q/DQ graph (explicit quantisation: scales in the graph)
     calibrate: bool = False  # weakly typed implicit INT8: needs a calibrator (or a reusable cache)
 
 
-def refuse_best(precision: str, model: str | Path) -> None:
+def refuse_best(precision: Precision, model: str | Path) -> Built:
     if precision == "best":
         raise BuildError(
             f"precision 'best' of {model} must be resolved by the agent's accuracy gate "
             "(int8 -> fp16 -> fp32) before building; the builder builds fp32, fp16 or int8 only"
         )
+    return precision
 
 
-def require_precision(api: TrtApi, precision: str, what: str | Path) -> None:
-    """BuildError for `best`, UnavailableError for a precision this TensorRT cannot build."""
-    refuse_best(precision, what)
-    if precision not in api.precisions():
+def require_precision(api: TrtApi, precision: Precision, what: str | Path) -> Built:
+    """The precision to build; BuildError for `best`, UnavailableError where this TensorRT cannot."""
+    built = refuse_best(precision, what)
+    if built not in api.precisions():
         raise UnavailableError(
-            f"precision {precision!r} is not available on {api.flavor} {api.version} "
+            f"precision {built!r} is not available on {api.flavor} {api.version} "
             f"(this build of the engine manager supports {', '.join(api.precisions())})"
         )
+    return built
 
 
 def prepare_model(
-    api: TrtApi, onnx_path: Path, precision: str, *, qdq_onnx: Path | None = None
+    api: TrtApi, onnx_path: Path, requested: Precision, *, qdq_onnx: Path | None = None
 ) -> PreparedModel:
-    require_precision(api, precision, onnx_path)
+    precision = require_precision(api, requested, onnx_path)
     if precision == "int8":
         return _prepare_int8(api, onnx_path, qdq_onnx)
     if precision == "fp32":
@@ -83,6 +105,10 @@ def _prepare_int8(api: TrtApi, onnx_path: Path, qdq_onnx: Path | None) -> Prepar
 
 def convert_fp16(onnx_path: Path) -> bytes:
     """FP16 copy of the graph with float32 inputs/outputs (casts inserted at the edges)."""
+    import onnx
+
+    from engines.build import islands
+
     try:
         from onnxconverter_common import float16
     except ImportError as e:

@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from engines.errors import BuildError
-from engines.plan import REQUESTABLE
+from engines.precision import Precision, parse_precision
 
 log = logging.getLogger("engines.settings")
 
@@ -51,7 +51,7 @@ class BuildSettings:
     used only where no GPU is visible (None: fingerprint.DEFAULT_TARGET_CC)."""
 
     onnx: Path
-    precision: str = "fp32"
+    precision: Precision = "fp32"  # parsed where it entered (config, CLI, from_request)
     batch: tuple[int, int, int] = (1, 1, 1)
     profiles: tuple[Profile, ...] | None = None
     workspace_bytes: int = DEFAULT_WORKSPACE
@@ -82,8 +82,6 @@ class BuildSettings:
             if value is not None:
                 object.__setattr__(self, name, Path(value))
         object.__setattr__(self, "int8_keep_layers", tuple(self.int8_keep_layers))
-        if self.precision not in REQUESTABLE:
-            raise ValueError(f"precision {self.precision!r} is not one of {list(REQUESTABLE)}")
         if self.int8_keep_precision not in ("fp16", "fp32"):
             raise ValueError(f"int8_keep_precision must be fp16 or fp32, got {self.int8_keep_precision!r}")
         if self.precision_constraints not in ("prefer", "obey"):
@@ -133,7 +131,7 @@ class BuildSettings:
         profiles = d.get("profiles")
         return cls(
             onnx=Path(d["onnx"]),
-            precision=d.get("precision", "fp32"),
+            precision=parse_precision(d.get("precision", "fp32"), "build request: precision"),
             batch=tuple(d.get("batch", (1, 1, 1))),  # type: ignore[arg-type]
             profiles=None if profiles is None else tuple(profiles_from_json(profiles)),
             workspace_bytes=int(d.get("workspace_bytes", DEFAULT_WORKSPACE)),

@@ -11,7 +11,7 @@ import pytest
 from fixtures_rtsp import RtspServer
 
 from agent.config import parse_config
-from agent.lifecycle.calibration import capture_calibration_set
+from agent.lifecycle.capture import capture_calibration_set
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 pytestmark = pytest.mark.slow

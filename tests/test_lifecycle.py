@@ -22,6 +22,7 @@ from agent.config import ConfigError, load_config
 from agent.lifecycle.job import JobRequest
 from agent.lifecycle.model import ModelContext
 from engines.plan import Step, candidates, plan_steps
+from engines.precision import parse_precision
 from engines.store import EngineStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ class fake_weakly_typed:
 def test_plan_per_flavour() -> None:
     trt = pytest.importorskip("tensorrt_rtx")
     del trt
-    from engines.trt_api import import_trt
+    from engines.trt import import_trt
 
     rtx = import_trt("tensorrt_rtx")
     assert rtx.strongly_typed
@@ -54,7 +55,7 @@ def test_plan_per_flavour() -> None:
     assert plan_steps("int8", weak) == [Step("int8", calibrator=True), Step("fp16"), Step("fp32")]
     assert candidates("best") == candidates("int8") == ("int8", "fp16", "fp32")
     with pytest.raises(ValueError, match="'fp8' is not one of fp32, fp16, int8, best"):
-        candidates("fp8")
+        parse_precision("fp8")
 
 
 def write_config(tmp_path: Path, precision: str, samples: int = 40, min_agreement: float = 0.9) -> Path:

@@ -15,7 +15,7 @@ import pytest
 
 import agent.lifecycle.job as job
 from agent.config import parse_config
-from agent.lifecycle.calibration import capture_calibration_set
+from agent.lifecycle.capture import capture_calibration_set
 from agent.lifecycle.model import ModelContext
 from engines.runtimes.ort import OrtBackend
 from engines.store import EngineStore

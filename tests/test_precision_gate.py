@@ -22,13 +22,15 @@ from agent.config import load_config
 from agent.lifecycle.calibration import (
     CalibrationError,
     calibration_batches,
-    capture_calibration_set,
     load_calibration_set,
     model_adapter,
 )
-from agent.lifecycle.gate import GateReport, run_gate, write_report
+from agent.lifecycle.capture import capture_calibration_set
+from agent.lifecycle.gate import run_gate
+from agent.lifecycle.gate_report import GateReport, write_report
 from agent.lifecycle.model import ModelContext
-from engines.quantize import QuantizationError, make_qdq_onnx, resolve_exclusions, sensitive_nodes
+from engines.build.qdq_nodes import QuantizationError, resolve_exclusions, sensitive_nodes
+from engines.build.quantize import make_qdq_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.config import parse_config  # noqa: E402
-from agent.lifecycle.calibration import capture_calibration_set  # noqa: E402
+from agent.lifecycle.capture import capture_calibration_set  # noqa: E402
 from agent.lifecycle.gate import CANDIDATE_SLACK, run_gate  # noqa: E402
 from agent.lifecycle.model import ModelContext  # noqa: E402
 

@@ -19,23 +19,21 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError
-from agent.lifecycle.calibration import (
-    CalibrationError,
-    capture_calibration_set,
-    frames_to_capture,
-    load_calibration_set,
-)
-from agent.lifecycle.gate import format_report, run_gate, write_report
+from agent.lifecycle.calibration import CalibrationError, frames_to_capture, load_calibration_set
+from agent.lifecycle.capture import capture_calibration_set
+from agent.lifecycle.gate import run_gate
+from agent.lifecycle.gate_report import format_report, write_report
 from agent.lifecycle.job import JobRequest, JobResult, job_command, resolved_settings, start_job
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.progress import JobProgress
 from agent.lifecycle.serving import EngineTarget, engine_target
-from engines.compat import check
+from engines.build.compat import check
 from engines.errors import EngineError
-from engines.lock import BuildLock
 from engines.plan import needs_calibration_frames, needs_gate, plan_steps
+from engines.precision import Precision
 from engines.runtimes.base import BackendError
 from engines.store import EngineStore
+from engines.store.lock import BuildLock
 
 
 def _selected(cfg: AgentConfig, model: str | None) -> list[ModelContext]:
@@ -63,7 +61,7 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
                 entry.update(status=result.status, reasons=result.reasons, key=result.key)
                 m = result.manifest
                 if m is not None and m.key == result.key:  # this configuration's engine (fitting or not)
-                    entry["layers"] = m.build.get("layers")  # absent from manifests of older builds
+                    entry["layers"] = m.build.layers  # None: absent from manifests of older builds
                 if gate is not None:
                     entry["validation"] = gate.state()
             worst = max(worst, 0 if entry["status"] == "ok" else 1)
@@ -105,7 +103,7 @@ def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> No
 
 
 def run_rebuild(
-    cfg: AgentConfig, model: str | None, force: bool, precision: str | None, wait_s: float
+    cfg: AgentConfig, model: str | None, force: bool, precision: Precision | None, wait_s: float
 ) -> int:
     rc = 0
     for ctx in _selected(cfg, model):
@@ -142,7 +140,12 @@ def run_rebuild(
 
 
 def _rebuild_locked(
-    cfg: AgentConfig, ctx: ModelContext, target: EngineTarget, requested: str, force: bool, lock: BuildLock
+    cfg: AgentConfig,
+    ctx: ModelContext,
+    target: EngineTarget,
+    requested: Precision,
+    force: bool,
+    lock: BuildLock,
 ) -> JobResult | None:
     """Frames (when missing), then the job with the lock handed down; None after a capture error."""
     steps = plan_steps(requested, target.api)
@@ -160,7 +163,7 @@ def _rebuild_locked(
         progress.close()
 
 
-def _print_result(name: str, requested: str, result: JobResult) -> int:
+def _print_result(name: str, requested: Precision, result: JobResult) -> int:
     if not result.ok:
         print(f"{name}: {result.error}", file=sys.stderr)
         return 2
@@ -210,7 +213,7 @@ def run_calibrate(
 
 
 def run_validate(
-    cfg: AgentConfig, model: str | None, precision: str | None, method: str | None, as_json: bool
+    cfg: AgentConfig, model: str | None, precision: Precision | None, method: str | None, as_json: bool
 ) -> int:
     """`edge-agent validate`: exit 0 when every gate passed, 1 when one failed, 2 on an error."""
     outputs: list[dict[str, Any]] = []

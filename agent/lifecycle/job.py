@@ -41,20 +41,32 @@ from agent.lifecycle.calibration import (
     load_calibration_set,
     model_adapter,
 )
-from agent.lifecycle.gate import Gate, GateEntry, GateReport, cached_candidate, read_report, write_report
+from agent.lifecycle.candidates import cached_candidate
+from agent.lifecycle.gate import Gate
+from agent.lifecycle.gate_report import GateEntry, GateReport, read_report, write_report
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import engine_runs_here
-from engines.builder import BuildResult, build
-from engines.buildproc import ChildProcess, Event, die_with_parent, failure, json_lines_stdout, start_child
+from engines.build.builder import BuildResult, build
+from engines.buildproc import (
+    ChildProcess,
+    Event,
+    Progress,
+    Result,
+    die_with_parent,
+    failure,
+    json_lines_stdout,
+    start_child,
+)
 from engines.errors import EngineError
 from engines.fingerprint import Fingerprint, probe_fingerprint
-from engines.lock import process_command
-from engines.plan import Step, check_precision, needs_gate, plan_steps
+from engines.plan import Step, needs_gate, plan_steps
+from engines.precision import Built, Precision, parse_precision
 from engines.runtimes.base import BackendError
 from engines.runtimes.tensorrt import TensorRTBackend
 from engines.settings import BuildSettings
 from engines.store import EngineStore
-from engines.trt_api import TrtApi, import_trt
+from engines.store.lock import process_command
+from engines.trt import TrtApi, import_trt
 
 log = logging.getLogger(__name__)
 Emit = Callable[[Event], None]
@@ -63,7 +75,7 @@ Emit = Callable[[Event], None]
 @dataclass(frozen=True)
 class JobRequest:
     model: ModelContext
-    precision: str  # requested: fp32 | fp16 | int8 | best
+    precision: Precision  # requested
     force: bool = False
     lock_wait_s: float | None = 0.0  # the model's build lock: 0 = fail at once if held, None = forever
     agent_version: str = __version__
@@ -82,7 +94,7 @@ class JobRequest:
             fd = d.get("lock_fd")
             return cls(
                 ModelContext.from_json(d["model"]),
-                check_precision(str(d["precision"]), "job request: precision"),
+                parse_precision(d["precision"], "job request: precision"),
                 bool(d.get("force", False)),
                 None if wait is None else float(wait),
                 str(d.get("agent_version", "unknown")),
@@ -95,8 +107,8 @@ class JobRequest:
 @dataclass
 class JobResult:
     ok: bool
-    requested: str = ""
-    precision: str | None = None  # of the engine kept
+    requested: Precision | None = None  # None: a failure before the job knew it
+    precision: Built | None = None  # of the engine kept
     built: bool = False  # False: an engine fitting the request was already there
     key: str | None = None
     plan: str | None = None
@@ -109,16 +121,16 @@ class JobResult:
     error: str | None = None
     error_type: str | None = None
 
-    def to_event(self) -> Event:
-        return {"event": "result", **asdict(self)}
+    def to_event(self) -> Result:
+        return Result(asdict(self))
 
     @classmethod
-    def from_event(cls, ev: Event) -> JobResult:
+    def from_event(cls, ev: Result) -> JobResult:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in ev.items() if k in names})
+        return cls(**{k: v for k, v in ev.fields.items() if k in names})
 
     @classmethod
-    def failed(cls, requested: str, error: str, error_type: str) -> JobResult:
+    def failed(cls, requested: Precision, error: str, error_type: str) -> JobResult:
         return cls(False, requested, error=error, error_type=error_type)
 
 
@@ -199,7 +211,7 @@ class _Run:
         return self.req.model
 
     def progress(self, phase: str, step: int, total: int) -> None:
-        self.emit({"event": "progress", "phase": phase, "step": step, "total": total})
+        self.emit(Progress(phase, step, total))
 
     def build(self, step: Step) -> BuildResult:
         batches = None
@@ -264,7 +276,7 @@ def run_job(req: JobRequest, emit: Emit) -> JobResult:
         return JobResult.failed(requested, f"model {ctx.name!r}: {exc}", type(exc).__name__)
 
 
-def job_command(model: str, precision: str) -> str:
+def job_command(model: str, precision: Precision) -> str:
     """What the holder of a model's lock says it does: this process's command line and the job."""
     return f"{process_command()} [engine job: model {model}, precision {precision}]"
 

@@ -29,33 +29,32 @@ import numpy as np
 from agent.config import AgentConfig, ConfigError
 from agent.lifecycle.calibration import (
     CalibrationError,
-    capture_calibration_set,
     frames_to_capture,
     load_calibration_set,
     model_adapter,
     read_frames,
 )
-from agent.lifecycle.gate import candidate_model
+from agent.lifecycle.candidates import candidate_model
+from agent.lifecycle.capture import capture_calibration_set
 from agent.lifecycle.job import resolved_settings
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget, engine_runs_here, engine_target
-from engines.compat import check
+from engines.build.compat import check
 from engines.errors import EngineError
-from engines.profiling import SCHEMA, ProfileRun, compare, profile_onnx
+from engines.precision import Built
 from engines.runtimes.base import BackendError
+from engines.runtimes.profiling import SCHEMA, ProfileRun, compare, profile_onnx
 from engines.settings import onnx_input_shapes
 from engines.store import EngineStore
 
-PRECISIONS = ("fp32", "fp16", "int8")
 
-
-def _precision(ctx: ModelContext, requested: str | None) -> str:
+def _precision(ctx: ModelContext, requested: Built | None) -> Built:
     # `best` tries int8 first: profile that candidate.
     p = requested or ctx.cfg.precision
     return "int8" if p == "best" else p
 
 
-def _with_precision(ctx: ModelContext, precision: str) -> ModelContext:
+def _with_precision(ctx: ModelContext, precision: Built) -> ModelContext:
     return ModelContext(
         ctx.name, ctx.cfg.model_copy(update={"precision": precision}), ctx.engine_dir, ctx.score_threshold
     )
@@ -87,9 +86,9 @@ def _engine(ctx: ModelContext, target: EngineTarget) -> dict[str, Any]:
         "status": result.status,
         "reasons": result.reasons,
         "key": result.key,
-        "precision": None if m is None else m.build["precision"],
-        "profiling_verbosity": None if m is None else m.build.get("profiling_verbosity"),
-        "layers": None if m is None else m.build.get("layers"),
+        "precision": None if m is None else m.build.precision,
+        "profiling_verbosity": None if m is None else m.build.profiling_verbosity,
+        "layers": None if m is None else m.build.layers,
     }
 
 
@@ -109,7 +108,7 @@ def _profile_engine(
         backend.close()
 
 
-def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, precision: str) -> None:
+def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, precision: Built) -> None:
     """The FP16/Q-DQ graph lives in the calibration set's folder (INT8 is calibrated on it): capture one
     from the cameras when there is none, as `rebuild` does."""
     counts = frames_to_capture(ctx, calibration=precision == "int8")
@@ -120,7 +119,7 @@ def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, precision: str) -> None:
         )
 
 
-def _ort_runs(ctx: ModelContext, precision: str, n: int, out: Path, batch: np.ndarray) -> list[ProfileRun]:
+def _ort_runs(ctx: ModelContext, precision: Built, n: int, out: Path, batch: np.ndarray) -> list[ProfileRun]:
     threads = ctx.cfg.threads
     trace = out / f"{ctx.name}-ort-fp32.trace.json"
     runs = [
@@ -147,12 +146,11 @@ def _ort_runs(ctx: ModelContext, precision: str, n: int, out: Path, batch: np.nd
 
 
 def profile_model(
-    cfg: AgentConfig, ctx: ModelContext, precision: str | None, iterations: int, out: Path
+    cfg: AgentConfig, ctx: ModelContext, precision: Built | None, iterations: int, out: Path
 ) -> dict[str, Any]:
-    """The profile report of one model (see the module docstring); writes the traces under `out`."""
+    """The profile report of one model (see the module docstring); writes the traces under `out`.
+    `precision`: parsed by the CLI (fp32, fp16 or int8); None: the model's."""
     prec = _precision(ctx, precision)
-    if prec not in PRECISIONS:
-        raise ConfigError(f"--precision {prec!r}: expected one of {list(PRECISIONS)}")
     ctx = _with_precision(ctx, prec)
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -291,7 +289,7 @@ def write_png(report: dict[str, Any], path: Path, top: int) -> str | None:
 def run_profile(
     cfg: AgentConfig,
     model: str | None,
-    precision: str | None,
+    precision: Built | None,
     iterations: int,
     top: int,
     out: Path,

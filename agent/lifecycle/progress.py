@@ -1,7 +1,7 @@
 """Progress of an engine job on the command line (`rebuild`, `build`): the job's phases as they come.
 
     progress = JobProgress("det")          # stderr; a bar on a terminal, summary lines when piped
-    start_job(request, progress)           # job events {"event": "progress", "phase", "step", "total"}
+    start_job(request, progress)           # job events: engines.buildproc.Progress
     progress.step("parse", 0, 1)           # or called directly (in-process builds)
     progress.close()
 
@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from engines.buildproc import Event, Progress
 
 MIN_LINE_S = 1.0
 HEARTBEAT_S = 10.0
@@ -69,10 +71,10 @@ class JobProgress:
                 bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]",
             )
 
-    def __call__(self, ev: dict[str, Any]) -> None:
+    def __call__(self, ev: Event) -> None:
         """A job event; only progress events count."""
-        if ev.get("event") == "progress":
-            self.step(str(ev.get("phase")), int(ev.get("step") or 0), int(ev.get("total") or 0))
+        if isinstance(ev, Progress):
+            self.step(ev.phase, ev.step, ev.total)
 
     def step(self, phase: str, step: int, total: int) -> None:
         now = self._clock()

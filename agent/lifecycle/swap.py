@@ -1,0 +1,219 @@
+"""The engine manager's hot swap: a built engine is loaded, warmed up and handed to the model's worker.
+
+    manager._adopt(me, key)     # after a job, or when the watcher sees an engine another process built
+
+The worker switches at the top of its next batch; on any failure the current backend stays. A plan
+TensorRT itself refuses at load (PlanRefusedError) is recorded in its manifest (build.refused_at_load)
+and rebuilt once, forced; refused again, the model is `failed` until an operator asks for a rebuild.
+A plan this device cannot run (no GPU, CUDA, memory) is kept, `ready` with `loaded: false`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agent.lifecycle.job import resolved_settings
+from agent.lifecycle.serving import warm_up
+from agent.lifecycle.state import ModelEngine
+from engines.build.compat import check, refusal_record
+from engines.errors import EngineError
+from engines.runtimes.base import Backend, BackendError, PlanRefusedError
+from engines.runtimes.tensorrt import TensorRTBackend
+
+if TYPE_CHECKING:
+    from engines.store import EngineStore
+
+# The daemon's log names the engine manager for every line of its lifecycle.
+log = logging.getLogger("agent.lifecycle.manager")
+
+# Seconds to wait for the model's build lock to record a refused plan in its manifest.
+REFUSAL_LOCK_WAIT_S = 5.0
+
+
+class HotSwap:
+    """EngineManager's serving side (a mixin: the attributes below are EngineManager's)."""
+
+    store: EngineStore
+    _models: dict[str, ModelEngine]
+    _stop: threading.Event
+    _serve: bool
+    _swap: Callable[[str, Backend], None]
+    _watch_interval: float
+
+    def _adopt(self, me: ModelEngine, key: str) -> None:
+        """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
+        A plan TensorRT refuses is rebuilt (once in a row: _load)."""
+        if not self._serve:  # the supervisor of shards: each shard's watcher loads and swaps it
+            manifest = self.store.manifest(me.name, key)
+            sha = manifest.build.plan_sha256 if manifest else None
+            precision = manifest.build.precision if manifest else None
+            self._set(me, state="ready", backend="tensorrt", key=key, plan_sha256=sha, precision=precision)
+            return
+        try:
+            engine = self._load(me, key)
+        except PlanRefusedError as exc:
+            if not me.retired and not self.rebuild(
+                me.name, force=True, precision=me.requested, reasons=[refused_reason(exc)]
+            ):
+                log.warning(
+                    "model %s: engine %s refused; no rebuild started (one is under way)", me.name, key
+                )
+            return
+        if engine is None:
+            return
+        if me.retired:  # reloaded away while it loaded: nobody serves this model with it any more
+            engine.close()
+            return
+        self._swap(me.name, engine)
+        self._set(
+            me,
+            state="ready",
+            backend=engine.name,
+            precision=engine.precision,
+            key=key,
+            loaded=True,
+            nvtx_verbosity=engine.nvtx_verbosity,
+        )
+
+    def _load(self, me: ModelEngine, key: str) -> TensorRTBackend | None:
+        """Engine `key` loaded and warmed up. None where it cannot run here (published: `ready`, `loaded:
+        false` and why) or where TensorRT refused its plan again after a rebuild (published: `failed`).
+        PlanRefusedError when TensorRT refused the plan and a rebuild is due (recorded in its manifest)."""
+        manifest = self.store.manifest(me.name, key)
+        plan_sha = manifest.build.plan_sha256 if manifest else None
+        engine = TensorRTBackend(
+            self.store,
+            me.name,
+            key,
+            api=me.target.api,
+            fingerprint=me.target.fingerprint,
+            contexts=me.ctx.cfg.streams,
+        )
+        try:
+            engine.load()
+            warm_up(engine)  # an engine that cannot execute is never swapped in
+        except PlanRefusedError as exc:
+            engine.close()
+            if self._plan_refused(me, key, plan_sha, manifest.fingerprint if manifest else None, exc):
+                raise
+            return None
+        except BackendError as exc:  # this device, not the plan (no GPU, CUDA, memory): kept, not rebuilt
+            engine.close()
+            with me.lock:
+                me.refusals = 0  # the row of refused plans is broken
+            log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
+            precision = manifest.build.precision if manifest else None
+            self._set(
+                me,
+                state="ready",
+                key=key,
+                plan_sha256=plan_sha,
+                loaded=False,
+                load_error=str(exc),
+                precision=precision,
+            )
+            return None
+        with me.lock:
+            me.refusals = 0
+        self._set(me, plan_sha256=plan_sha, load_error=None)
+        return engine
+
+    def _plan_refused(
+        self,
+        me: ModelEngine,
+        key: str,
+        plan_sha: str | None,
+        built_for: dict[str, Any] | None,
+        exc: PlanRefusedError,
+    ) -> bool:
+        """Record the refusal in the engine's manifest, so `check` and the next start know it; True when a
+        rebuild is due (the first refusal in a row), else publish `failed` (no rebuild loop)."""
+        with me.lock:
+            me.refusals += 1
+            n = me.refusals
+        if plan_sha is not None and built_for is not None:
+            # The device that refused it: the live fingerprint with the engine's DLA core, as check()'s.
+            fp = me.target.fingerprint.for_build(built_for.get("dla_core"), None)
+            self._record_refusal(me, key, plan_sha, refusal_record(fp, exc.reason, plan_sha, n))
+        if n < 2:
+            log.error("model %s: %s; rebuilding engine %s", me.name, exc, key)
+            return True
+        error = refused_error(key, n, exc.reason)
+        log.error("model %s: %s", me.name, error)
+        self._set(
+            me,
+            state="failed",
+            plan_sha256=plan_sha,
+            load_error=str(exc),
+            reasons=[refused_reason(exc)],
+            error=error,
+            progress=None,
+        )
+        return False
+
+    def _record_refusal(self, me: ModelEngine, key: str, plan_sha: str, record: dict[str, Any]) -> None:
+        try:
+            with self.store.lock(me.name, wait_s=REFUSAL_LOCK_WAIT_S):
+                written = self.store.set_refused_at_load(me.name, key, plan_sha, record)
+        except EngineError as exc:  # the lock held by a build, a read-only disk: the rebuild still happens
+            log.warning("model %s: the refused plan of engine %s is not recorded: %s", me.name, key, exc)
+            return
+        if written is None:
+            log.info("model %s: engine %s was rebuilt meanwhile; the refusal is not recorded", me.name, key)
+
+    # ---- engines built by other processes (`edge-agent rebuild`) ----------------------------------
+    def _listing(self, name: str) -> tuple:
+        d = self.store.model_dir(name)
+        try:
+            return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in d.glob("*.json")))
+        except OSError:
+            return ()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._watch_interval):
+            for me in list(self._models.values()):
+                try:
+                    self._watch_one(me)
+                except Exception:
+                    log.exception("model %s: engine watch failed", me.name)
+
+    def _watch_one(self, me: ModelEngine) -> None:
+        with me.lock:
+            if me.busy:
+                return
+            listing = self._listing(me.name)
+            if listing == me.seen:
+                return
+            me.seen = listing
+            known_sha = me.state.plan_sha256
+        settings, report, _ = resolved_settings(me.ctx, me.target.api)
+        if settings is None:
+            return
+        result = check(self.store, me.name, settings, me.target.fingerprint)
+        manifest = result.manifest
+        if not result.ok or manifest is None or manifest.build.plan_sha256 == known_sha:
+            return
+        log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
+        self._set(
+            me,
+            build_s=manifest.build.build_s,
+            reasons=[],
+            validation=report.state() if report else me.state.validation,
+        )
+        self._adopt(me, result.key)
+
+
+def refused_reason(exc: PlanRefusedError) -> str:
+    return f"TensorRT refused this plan at load: {exc.reason}"
+
+
+def refused_error(key: str, refusals: int, reason: str) -> str:
+    times = "twice" if refusals == 2 else f"{refusals} times in a row"
+    return (
+        f"TensorRT refused the plan of engine {key} at load {times}, the last one just rebuilt ({reason}); "
+        "ONNX Runtime serves, and no more rebuilds start by themselves: send the rebuild command or run "
+        "`edge-agent rebuild` once TensorRT is fixed"
+    )
