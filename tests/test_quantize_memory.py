@@ -25,8 +25,10 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+import engines.build.ort_calibration as oc
 import engines.build.quantize as q
-from engines.build.quantize import make_qdq_onnx, sensitive_nodes
+from engines.build.qdq_nodes import sensitive_nodes
+from engines.build.quantize import make_qdq_onnx
 from pipelines.preprocess import letterbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +112,7 @@ def plain_quantize_static(out: Path, frames: list[np.ndarray], method: str, perc
     def create_with_bins(*args: Any, **kwargs: Any) -> Any:
         # quantize_static cannot set the histogram size; give it the one make_qdq_onnx uses for entropy
         # (with ORT's default 128 bins entropy degenerates to minmax: test_ort_default_entropy_is_minmax).
-        kwargs["extra_options"] = {**kwargs["extra_options"], **q.calibrator_options(method, percentile)}
+        kwargs["extra_options"] = {**kwargs["extra_options"], **oc.calibrator_options(method, percentile)}
         return create(*args, **kwargs)
 
     patch = pytest.MonkeyPatch()
@@ -152,7 +154,7 @@ def chunked(frames: list[np.ndarray], tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("chunked")
     paths: dict[str, Path] = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(q, "CALIB_CHUNK_FRAMES", 4)
+        patch.setattr(oc, "CALIB_CHUNK_FRAMES", 4)
         for method in q.METHODS:
             paths[method] = out / f"{method}.onnx"
             info = make_qdq_onnx(MODEL, paths[method], (f for f in frames), method)  # type: ignore[arg-type]
@@ -205,7 +207,7 @@ def test_single_chunk_is_exact(frames: list[np.ndarray], tmp_path: Path) -> None
     checked the same way by hand but takes ~25 s)."""
     ref, got = tmp_path / "ref.onnx", tmp_path / "got.onnx"
     plain_quantize_static(ref, frames[:8], "percentile", 99.99)
-    assert q.CALIB_CHUNK_FRAMES == 8
+    assert oc.CALIB_CHUNK_FRAMES == 8
     make_qdq_onnx(MODEL, got, iter(frames[:8]), "percentile")  # 8 frames = CALIB_CHUNK_FRAMES: one chunk
     assert activation_scales(got) == activation_scales(ref)
     assert q.sha256_of(got) == q.sha256_of(ref)
@@ -248,13 +250,13 @@ def test_ort_default_entropy_is_minmax() -> None:
     rng = np.random.default_rng(0)
     data = {"t": [np.concatenate([rng.normal(0, 1, 100_000), [40.0]]).astype(np.float32)]}
     ranges: dict[str, Any] = {}
-    for bins in (128, q.ENTROPY_BINS):
-        c = HistogramCollector("entropy", True, bins, q.ENTROPY_QUANTIZED_BINS, 99.99, "same")
+    for bins in (128, oc.ENTROPY_BINS):
+        c = HistogramCollector("entropy", True, bins, oc.ENTROPY_QUANTIZED_BINS, 99.99, "same")
         with contextlib.redirect_stdout(io.StringIO()):
             c.collect(data)
             ranges[bins] = c.compute_collection_result()["t"]
     assert float(ranges[128][1]) == pytest.approx(40.0)  # the outlier: min/max
-    assert float(ranges[q.ENTROPY_BINS][1]) < 10.0  # a real KL threshold clips it
+    assert float(ranges[oc.ENTROPY_BINS][1]) < 10.0  # a real KL threshold clips it
 
 
 def test_entropy_differs_from_minmax(chunked: dict[str, Path]) -> None:

@@ -213,6 +213,76 @@ class BatchFeeder:
             buf.free()
 
 
+class _Delegating:
+    """What every calibrator made by make_calibrator does: batches from a BatchFeeder, the cache from a
+    CalibrationCache. Mixed in ahead of the TensorRT calibrator class, whose abstract methods it fills."""
+
+    def __init__(self, feeder: BatchFeeder, cache: CalibrationCache) -> None:
+        self.feeder = feeder
+        self.cache = cache
+        self.cache_bytes: bytes | None = None  # what TensorRT used: read or written
+        self.cache_sha256: str | None = None
+        self.cache_read = False  # TensorRT asked for the cache and got one: scales without batches
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.feeder.error
+
+    def get_batch_size(self) -> int:
+        return self.feeder.batch_size
+
+    def get_batch(self, names: list[str], *_: Any) -> list[int] | None:
+        if len(names) != 1:
+            self.feeder.error = BuildError(
+                f"INT8 calibration feeds one image input; the network has inputs {list(names)}"
+            )
+            return None
+        ptr = self.feeder.next_pointer()
+        return None if ptr is None else [ptr]
+
+    def read_calibration_cache(self) -> bytes | None:
+        data = self.cache.load()
+        if data is not None:
+            log.info("reusing calibration cache %s", self.cache.path)
+            self.cache_read = True
+            self.cache_bytes = data
+            self.cache_sha256 = hashlib.sha256(data).hexdigest()
+        return data
+
+    def write_calibration_cache(self, data: Any) -> None:
+        if self.feeder.error is not None:
+            return  # scales from a broken calibration run must never be reused
+        blob = bytes(memoryview(data))
+        self.cache_bytes = blob
+        try:
+            self.cache_sha256 = self.cache.save(blob)
+        except OSError as e:  # the engine can still be built; the next build recalibrates
+            log.warning("cannot write calibration cache %s: %s", self.cache.path, e)
+            self.cache_sha256 = hashlib.sha256(blob).hexdigest()
+
+    def close(self) -> None:
+        self.feeder.close()
+
+
+class _Percentile:
+    """The legacy (percentile) calibrator's extra methods: the quantile cut-off and its regression."""
+
+    quantile: float
+    regression_cutoff: float
+
+    def get_quantile(self) -> float:
+        return self.quantile
+
+    def get_regression_cutoff(self) -> float:
+        return self.regression_cutoff
+
+    def read_histogram_cache(self, length: int) -> None:
+        return None  # histograms are not kept: the calibration cache already skips recalibration
+
+    def write_histogram_cache(self, data: Any, length: int) -> None:
+        return None
+
+
 def make_calibrator(
     api: TrtApi,
     method: str,
@@ -224,68 +294,14 @@ def make_calibrator(
 ) -> Calibrator:
     """An instance of the TensorRT calibrator class for `method`, delegating to `feeder` and `cache`."""
     base = api.calibrator_base(method)
+    mixins: tuple[type, ...] = (_Delegating, _Percentile) if method == "percentile" else (_Delegating,)
 
-    class EngineCalibrator(base):  # type: ignore[misc, valid-type]
+    class EngineCalibrator(*mixins, base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             # pybind11 trampolines need the base initialised explicitly, or TensorRT crashes on first call.
             base.__init__(self)
-            self.feeder = feeder
-            self.cache = cache
-            self.cache_bytes: bytes | None = None  # what TensorRT used: read or written
-            self.cache_sha256: str | None = None
-            self.cache_read = False  # TensorRT asked for the cache and got one: scales without batches
-
-        @property
-        def error(self) -> BaseException | None:
-            return self.feeder.error
-
-        def get_batch_size(self) -> int:
-            return self.feeder.batch_size
-
-        def get_batch(self, names: list[str], *_: Any) -> list[int] | None:
-            if len(names) != 1:
-                self.feeder.error = BuildError(
-                    f"INT8 calibration feeds one image input; the network has inputs {list(names)}"
-                )
-                return None
-            ptr = self.feeder.next_pointer()
-            return None if ptr is None else [ptr]
-
-        def read_calibration_cache(self) -> bytes | None:
-            data = self.cache.load()
-            if data is not None:
-                log.info("reusing calibration cache %s", self.cache.path)
-                self.cache_read = True
-                self.cache_bytes = data
-                self.cache_sha256 = hashlib.sha256(data).hexdigest()
-            return data
-
-        def write_calibration_cache(self, data: Any) -> None:
-            if self.feeder.error is not None:
-                return  # scales from a broken calibration run must never be reused
-            blob = bytes(memoryview(data))
-            self.cache_bytes = blob
-            try:
-                self.cache_sha256 = self.cache.save(blob)
-            except OSError as e:  # the engine can still be built; the next build recalibrates
-                log.warning("cannot write calibration cache %s: %s", self.cache.path, e)
-                self.cache_sha256 = hashlib.sha256(blob).hexdigest()
-
-        def close(self) -> None:
-            self.feeder.close()
-
-        if method == "percentile":
-
-            def get_quantile(self) -> float:
-                return quantile
-
-            def get_regression_cutoff(self) -> float:
-                return regression_cutoff
-
-            def read_histogram_cache(self, length: int) -> None:
-                return None  # histograms are not kept: the calibration cache already skips recalibration
-
-            def write_histogram_cache(self, data: Any, length: int) -> None:
-                return None
+            _Delegating.__init__(self, feeder, cache)
+            self.quantile = quantile
+            self.regression_cutoff = regression_cutoff
 
     return EngineCalibrator()

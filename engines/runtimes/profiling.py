@@ -201,6 +201,23 @@ def _load_onnx(path: Path) -> Any:
         raise ProfileError(f"cannot read ONNX model {path}: {e}") from e
 
 
+def _profiling_options(work: Path, executed_path: Path, intra_threads: int, inter_threads: int) -> Any:
+    """ORT session options that profile into `work` and save the graph ORT runs (to map nodes back)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(work / "ort")
+    so.optimized_model_filepath = str(executed_path)  # the graph ORT runs, to map nodes back
+    # Saving an NCHWc-optimised graph warns that it is CPU-specific; it is only read back here.
+    so.log_severity_level = 3
+    if intra_threads > 0:
+        so.intra_op_num_threads = intra_threads
+    if inter_threads > 0:
+        so.inter_op_num_threads = inter_threads
+    return so
+
+
 def profile_onnx(
     path: Path,
     batch: np.ndarray,
@@ -226,16 +243,7 @@ def profile_onnx(
     source = profiled if source_onnx is None else _load_onnx(source_onnx)
     with tempfile.TemporaryDirectory(prefix="edge-agent-profile-") as work:
         executed_path = Path(work) / "executed.onnx"
-        so = ort.SessionOptions()
-        so.enable_profiling = True
-        so.profile_file_prefix = str(Path(work) / "ort")
-        so.optimized_model_filepath = str(executed_path)  # the graph ORT runs, to map nodes back
-        # Saving an NCHWc-optimised graph warns that it is CPU-specific; it is only read back here.
-        so.log_severity_level = 3
-        if intra_threads > 0:
-            so.intra_op_num_threads = intra_threads
-        if inter_threads > 0:
-            so.inter_op_num_threads = inter_threads
+        so = _profiling_options(Path(work), executed_path, intra_threads, inter_threads)
         try:
             session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
             feed = {session.get_inputs()[0].name: np.ascontiguousarray(batch, dtype=np.float32)}

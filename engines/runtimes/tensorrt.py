@@ -110,27 +110,8 @@ class TensorRTBackend(Backend):
             raise BackendError(f"{api.flavor}: {e}") from e
         built = manifest.build if manifest is not None else {}
         dla_core = manifest.fingerprint.get("dla_core") if manifest is not None else None
-        logger = api.logger()
-        # TrtApi wraps whichever module is installed (untyped); the TensorRT API is typed from here on.
-        runtime, engine = cast(
-            "tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger, dla_core)
-        )
-        if engine is None:
-            reason = "; ".join(logger.errors) or "no reason given"
-            message = f"{api.flavor}: TensorRT refused {self.plan_path}: {reason}"
-            if _cuda_failure(logger.errors):  # this device, not the plan: a rebuild would not help
-                raise BackendError(message)
-            raise PlanRefusedError(message, self.plan_path, reason)
-        io = api.io_tensors(engine)
-        inputs = [t for t in io if t.is_input]
-        if len(inputs) != 1 or len(inputs[0].shape) != 4:
-            raise BackendError(
-                f"{api.flavor}: {self.plan_path} has inputs "
-                f"{[(t.name, t.shape) for t in inputs]}; expected exactly one NCHW input"
-            )
-        specs = [
-            IoSpec(t.name, t.is_input, np.dtype(t.dtype)) for t in sorted(io, key=lambda t: not t.is_input)
-        ]
+        runtime, engine = self._deserialize(api, plan, dla_core)
+        io, specs = self._io_specs(api, engine)
         per_context = built.get("profiles_per_context")
         if per_context is None:
             log.warning(
@@ -146,17 +127,53 @@ class TensorRTBackend(Backend):
             )
         except EngineError as e:  # CUDA out of memory and friends, naming the call
             raise BackendError(f"{api.flavor}: cannot set up execution for {self.plan_path}: {e}") from e
-        # Serving contexts leave the DETAILED NVTX verbosity of the build (it slows enqueue); set_profiler
-        # restores it for `edge-agent profile`.
+        self._lower_nvtx(api, pool)
+        self._built_verbosity = built.get("profiling_verbosity")
+        # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
+        self._runtime, self._engine, self._pool, self._io = runtime, engine, pool, io
+
+    def _deserialize(
+        self, api: TrtApi, plan: bytes, dla_core: int | None
+    ) -> tuple[trt.Runtime, trt.ICudaEngine]:
+        """(runtime, engine); PlanRefusedError when TensorRT refuses the plan itself, BackendError when
+        CUDA failed it (this device, not the plan: a rebuild would not help)."""
+        logger = api.logger()
+        # TrtApi wraps whichever module is installed (untyped); the TensorRT API is typed from here on.
+        runtime, engine = cast(
+            "tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger, dla_core)
+        )
+        if engine is None:
+            reason = "; ".join(logger.errors) or "no reason given"
+            message = f"{api.flavor}: TensorRT refused {self.plan_path}: {reason}"
+            if _cuda_failure(logger.errors):
+                raise BackendError(message)
+            raise PlanRefusedError(message, self.plan_path, reason)
+        return runtime, engine
+
+    def _io_specs(self, api: TrtApi, engine: trt.ICudaEngine) -> tuple[list[IoTensor], list[IoSpec]]:
+        """The engine's IO tensors, and the slots' view of them (inputs first); one NCHW input or
+        BackendError."""
+        io = api.io_tensors(engine)
+        inputs = [t for t in io if t.is_input]
+        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+            raise BackendError(
+                f"{api.flavor}: {self.plan_path} has inputs "
+                f"{[(t.name, t.shape) for t in inputs]}; expected exactly one NCHW input"
+            )
+        specs = [
+            IoSpec(t.name, t.is_input, np.dtype(t.dtype)) for t in sorted(io, key=lambda t: not t.is_input)
+        ]
+        return io, specs
+
+    def _lower_nvtx(self, api: TrtApi, pool: SlotPool) -> None:
+        """Serving contexts leave the DETAILED NVTX verbosity of the build (it slows enqueue); set_profiler
+        restores it for `edge-agent profile`."""
         self.nvtx_verbosity = None
         try:
             for slot in pool.slots:
                 self.nvtx_verbosity = api.serving_nvtx(slot.context, detailed=False)
         except Exception as e:  # only a speed-up: never a reason not to serve (nor to leak the slots)
             log.warning("%s: NVTX verbosity not lowered for serving: %s", self.plan_path, e)
-        self._built_verbosity = built.get("profiling_verbosity")
-        # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
-        self._runtime, self._engine, self._pool, self._io = runtime, engine, pool, io
 
     def _close_impl(self) -> None:
         if self._pool is not None:
