@@ -1,6 +1,6 @@
-"""Engines in a store without a build: a `fake_tensorrt` plan and a manifest that `engines.compat.check`
-accepts for the given settings (what engines.builder would write), for tests of loading and of the daemon's
-engine lifecycle that must not depend on the builder.
+"""Engines in a store without a build: a `fake_tensorrt` plan and a manifest that
+`engines.build.compat.check` accepts for the given settings (what engines.build.builder would write), for
+tests of loading and of the daemon's engine lifecycle that must not depend on the builder.
 
     m = store_engine(store, "det", settings, fp, plan=fake_tensorrt.PLAN_MAGIC + b"1", profiles_per_context=1)
 """

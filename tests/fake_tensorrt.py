@@ -1,4 +1,4 @@
-"""A tiny stand-in for the `tensorrt` module: only the attributes engines.trt_api probes and calls.
+"""A tiny stand-in for the `tensorrt` module: only the attributes engines.trt probes and calls.
 
 Used for what cannot run here (weakly typed TensorRT <= 10 builder flags, TensorRT 11 shapes, engine
 deserialisation); everything that tensorrt_rtx can do for real is tested with tensorrt_rtx.
@@ -73,7 +73,7 @@ DETECTOR_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
 ]
 
 # The grafted decode + NMS tail as the ONNX parser turns it into layers: a comparison (BOOL output) and a
-# loop. Names carry the engines.islands prefix the parser keeps from the ONNX node names.
+# loop. Names carry the engines.build.islands prefix the parser keeps from the ONNX node names.
 ISLAND_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
     ("keep_fp32/Greater", "ELEMENTWISE", ["scores", "thr"], [("keep", "BOOL")]),
     ("keep_fp32/Mul", "ELEMENTWISE", ["boxes", "scale"], [("pix", "FLOAT")]),
@@ -103,7 +103,7 @@ LAYER_TYPES = (
 
 
 class FakeDeviceBuffer:
-    """Stands in for engines.cuda_buffers.DeviceBuffer: host bytes behind a made-up device pointer."""
+    """Stands in for engines.cuda.buffers.DeviceBuffer: host bytes behind a made-up device pointer."""
 
     def __init__(self, allocator: FakeAllocator, nbytes: int, ptr: int) -> None:
         self.allocator, self.nbytes, self.ptr = allocator, nbytes, ptr
@@ -123,7 +123,7 @@ class FakeDeviceBuffer:
 
 
 class FakeAllocator:
-    """Allocator for engines.calibrator.BatchFeeder: records allocations and every host->device copy."""
+    """Allocator for engines.build.calibrator.BatchFeeder: records allocations and every host->device copy."""
 
     def __init__(self) -> None:
         self.buffers: list[FakeDeviceBuffer] = []

@@ -1,4 +1,4 @@
-"""engines.gpu_probe without a GPU: fake cuda-python driver/runtime and pynvml modules (tests/test_gpu.py
+"""engines.cuda.gpu_probe without a GPU: fake cuda-python driver/runtime and pynvml modules (tests/test_gpu.py
 runs the real ones on the device box)."""
 
 from __future__ import annotations

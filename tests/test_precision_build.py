@@ -556,7 +556,7 @@ def test_device_buffer_and_cuda_call_with_fake_runtime():
 
 
 def test_weakly_typed_fp16_pins_the_fp32_island(tmp_path):
-    """Grafted decode + NMS (engines.islands) must not run in FP16 on TensorRT <= 10: every island layer
+    """Grafted decode + NMS (engines.build.islands) must not run in FP16 on TensorRT <= 10: every island layer
     that reads or writes floats (a comparison to BOOL included) is pinned to FP32 with
     PREFER_PRECISION_CONSTRAINTS; only float outputs get an output type; the rest is left alone."""
     island = [

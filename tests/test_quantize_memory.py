@@ -1,4 +1,4 @@
-"""Chunked INT8 calibration (engines.quantize) against plain ORT quantize_static, real ONNX Runtime.
+"""Chunked INT8 calibration (engines.build.quantize) against plain ORT quantize_static, real ONNX Runtime.
 
 quantize_static hands the whole calibration set to one collect_data() call and its histogram
 calibrators keep every intermediate tensor of every frame (~60 MB a NanoDet-416 frame: 3.9 GB for 64

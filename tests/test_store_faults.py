@@ -320,7 +320,7 @@ def test_disk_full_rebuild_keeps_previous_engine(tmpfs, template, settings, fp, 
     mnt = tmpfs(f"size={(3 * plan_size) // (1 << 20) + 4}m")
     store = copy_store(template, mnt / "engines")
     key, sha = current(store)
-    # Room for the build lock's pid and the timing cache (engines.lock writes its pid unguarded: on a
+    # Room for the build lock's pid and the timing cache (engines.store.lock writes its pid unguarded: on a
     # disk without a free block that is a raw OSError before the store is reached), none for a plan.
     filler = fill(mnt, leave=256 << 10)
     assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize < plan_size

@@ -77,7 +77,7 @@ RECEIVERS = {
     "tensor": "ITensor",
     "t": "ITensor",
 }
-# `self.X` / `self._X` holding a TensorRT object (self.cache is a CalibrationCache in engines.calibrator).
+# `self.X` / `self._X` holding a TensorRT object (self.cache: a CalibrationCache in engines.build.calibrator).
 SELF_RECEIVERS = {"context": "IExecutionContext", "engine": "ICudaEngine", "runtime": "Runtime"}
 # What TensorRT methods return, for chains like `network.get_output(i).name`.
 RETURNS = {

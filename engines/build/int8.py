@@ -1,4 +1,4 @@
-"""The INT8 part of configuring a TensorRT build (called by engines.build.builder.build_plan).
+"""The INT8 part of configuring a TensorRT build (called by engines.build.trt_plan.build_plan).
 
     req = Int8Request(method="entropy", samples=500, cache=CalibrationCache(...), batches=..., ...)
     calibrator = configure_int8(api, network, config, profiles, prepared, spec, req)
@@ -12,7 +12,7 @@ typed + Q/DQ: nothing to configure (the graph carries its precision).
 Calibration must provably happen: TensorRT 7.1-8.0 skip it silently on networks with BOOL tensors or loops
 (a grafted NMS tail has both) and build an "INT8" engine without a single INT8 layer. So finish_int8 fails
 the build unless TensorRT fed at least one batch or read a calibration cache; and a graph with an FP32
-island is calibrated without it first (engines.build.builder), the full build reading that cache.
+island is calibrated without it first (engines.build.trt_plan), the full build reading that cache.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Why: decode + NMS grafted onto a detector (pipelines.models.graft) compares box 
 (up to ~10^5, beyond FP16's 65504) and iterates a Loop that onnxconverter-common cannot convert (measured:
 the converted graft fails to load in ONNX Runtime, with or without a node block list). Its nodes carry
 names starting with KEEP_FP32; conversions run on the rest and put the island back unchanged, and weakly
-typed TensorRT builds pin the island's layers to FP32 (engines.trt_network).
+typed TensorRT builds pin the island's layers to FP32 (engines.build.trt_plan).
 
 An island must be a tail: it may read tensors of the rest, the rest may not read its tensors.
 """

@@ -134,7 +134,7 @@ class BuilderConfigCalls(TrtModule):
 
     def set_dla(self, builder: trt.Builder, config: trt.IBuilderConfig, core: int) -> None:
         """Run on DLA core `core`, with GPU fallback for layers DLA cannot run. The caller refuses what DLA
-        cannot run at all (FP32, dynamic shapes) before this (engines.build.builder)."""
+        cannot run at all (FP32, dynamic shapes) before this (engines.build.trt_plan)."""
         if not self.has_dla:
             self.fail_unavailable("DLA")
         cores = int(getattr(builder, "num_DLA_cores", 0))
