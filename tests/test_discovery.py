@@ -1,4 +1,4 @@
-"""Home Assistant MQTT discovery (agent.discovery), checked against Home Assistant's own rules.
+"""Home Assistant MQTT discovery (agent.mqtt.discovery), checked against Home Assistant's own rules.
 
 Home Assistant is not installed here; what it requires is encoded below, from its source
 (home-assistant/core, paths under homeassistant/components/ unless noted):
