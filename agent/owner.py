@@ -85,7 +85,7 @@ class DeviceOwner:
         raise NotImplementedError
 
     def _status_extra(self) -> str:
-        """What STATUS= adds after the cameras and models (agent.supervisor)."""
+        """What STATUS= adds after the cameras and models (agent.service.supervisor)."""
         return self.reload_note
 
     # ---- status and telemetry ----------------------------------------------------------------------------
