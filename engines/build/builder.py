@@ -36,7 +36,7 @@ from engines.build.trt_plan import build_plan, no_progress
 from engines.cuda.buffers import Allocator
 from engines.errors import BuildError
 from engines.fingerprint import Fingerprint, probe_fingerprint
-from engines.manifest import Manifest
+from engines.manifest import BuildInfo, Manifest
 from engines.precision import PreparedModel, prepare_model, require_precision
 from engines.settings import BuildSettings
 from engines.store import EngineStore
@@ -240,23 +240,25 @@ def _manifest(
     """The manifest of the engine just built (DESIGN.md's "Engine store and manifest")."""
     return Manifest(
         fingerprint=spec.fingerprint.manifest_dict(),
-        build={
-            "onnx_sha256": spec.onnx_sha256,
-            "precision": spec.precision,
-            "profiles": spec.profiles,
-            # The profile set is repeated once per execution context; the runtime splits by this.
-            "profiles_per_context": len(spec.profiles) // settings.contexts,
-            "workspace_bytes": spec.workspace_bytes,
-            "optimization_level": spec.optimization_level,
-            "calibration": spec.calibration
-            if int8 is None
-            else {**(spec.calibration or {}), "cache_sha256": int8.cache_sha256},
-            "timing_cache": timing_cache,
-            "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
-            "build_s": round(build_s, 3),
-            "agent_version": agent_version,
-            "plan_sha256": hashlib.sha256(plan).hexdigest(),
-            **described,
-        },
+        build=BuildInfo.from_dict(
+            {
+                "onnx_sha256": spec.onnx_sha256,
+                "precision": spec.precision,
+                "profiles": spec.profiles,
+                # The profile set is repeated once per execution context; the runtime splits by this.
+                "profiles_per_context": len(spec.profiles) // settings.contexts,
+                "workspace_bytes": spec.workspace_bytes,
+                "optimization_level": spec.optimization_level,
+                "calibration": spec.calibration
+                if int8 is None
+                else {**(spec.calibration or {}), "cache_sha256": int8.cache_sha256},
+                "timing_cache": timing_cache,
+                "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+                "build_s": round(build_s, 3),
+                "agent_version": agent_version,
+                "plan_sha256": hashlib.sha256(plan).hexdigest(),
+                **described,
+            }
+        ),
         validation=None,
     )
