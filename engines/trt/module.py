@@ -1,15 +1,10 @@
 """A TensorRT module, what it can do, its logger and plugins: the base every part of TrtApi builds on.
 
 Every TensorRT version/flavour difference lives in this package (engines.trt), found by probing the
-imported module (never by comparing version strings elsewhere).
-
-    api = import_trt()            # tensorrt if importable, else tensorrt_rtx; or import_trt("tensorrt_rtx")
-    api = TrtApi(module)          # wrap an already imported module (tests pass `fake_tensorrt`)
-
-The rest of engines/ calls only TrtApi methods (engines.trt.api: this base plus network, config,
-timing_cache and runtime). Each probe answers "does this module have X";
-what cannot be done raises UnavailableError("X is not available on <flavour> <version>"), after
-Polygraphy's `fail_unavailable`.
+imported module (never by comparing version strings elsewhere). The rest of engines/ calls only TrtApi
+methods (engines.trt.api: this base plus network, config, timing_cache and runtime). Each probe answers
+"does this module have X"; what cannot be done raises UnavailableError("X is not available on
+<flavour> <version>"), after Polygraphy's `fail_unavailable`.
 
 Facts behind the probes (TensorRT docs; only the tensorrt_rtx paths run on this project's CI):
 - TensorRT <= 9 needs NetworkDefinitionCreationFlag.EXPLICIT_BATCH for ONNX; 10 ignores it; 11 drops it.
