@@ -39,7 +39,8 @@ Delegate = Callable[[str, bool, "Precision | None", "list[str] | None"], bool]  
 
 
 class Jobs:
-    """EngineManager's job side (a mixin: the attributes below are EngineManager's)."""
+    """EngineManager's job side. A mixin: the attributes below are EngineManager's, and so are `_set`
+    (publish) and the swap side's `_adopt` and `_listing` it calls."""
 
     cfg: AgentConfig
     store: EngineStore

@@ -34,7 +34,8 @@ REFUSAL_LOCK_WAIT_S = 5.0
 
 
 class HotSwap:
-    """EngineManager's serving side (a mixin: the attributes below are EngineManager's)."""
+    """EngineManager's serving side. A mixin: the attributes below are EngineManager's, and so are `_set`
+    (publish) and the job side's `rebuild` it calls."""
 
     store: EngineStore
     _models: dict[str, ModelEngine]
