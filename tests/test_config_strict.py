@@ -26,8 +26,8 @@ from agent.config import (
     parse_config,
     topic_prefix_problem,
 )
+from agent.mqtt.topics import Topics
 from agent.preflight import preflight
-from agent.topics import Topics
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"
@@ -573,7 +573,7 @@ def test_the_agents_own_metrics_port_passes_a_reload() -> None:
 
 # ---- 10. preprocess: gpu ------------------------------------------------------------------------------
 def test_gpu_preprocessing_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engines.cuda_buffers as cb
+    import engines.cuda.buffers as cb
     from engines.errors import UnavailableError
 
     data = {

@@ -9,6 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from agent.mqtt.topics import payload
 from agent.telemetry import (
     Metrics,
     RateCounter,
@@ -17,8 +18,7 @@ from agent.telemetry import (
     gpu_stats,
     process_stats,
 )
-from agent.topics import payload
-from engines.gpu_probe import GpuInfo, Nvml
+from engines.cuda.gpu_probe import GpuInfo, Nvml
 
 
 def test_percentiles_of_known_samples() -> None:
