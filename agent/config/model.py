@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from agent.config.strict import ConfigPath, StrictModel
 from engines.precision import Precision
+from pipelines.models.registry import formats
 
 
 class BatchConfig(StrictModel):
@@ -72,7 +73,7 @@ class ProfileShapes(StrictModel):
 
 class ModelConfig(StrictModel):
     onnx: ConfigPath
-    format: Literal["nanodet", "yolov8", "yolo11", "yolov5"] = "yolov8"
+    format: Literal[formats()] = "yolov8"  # the registry's names (pipelines.models.registry)
     labels: ConfigPath | None = None
     backend: Literal["auto", "tensorrt", "tensorrt_rtx", "onnxruntime"] = "auto"
     precision: Precision = "fp16"

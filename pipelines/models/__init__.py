@@ -1,19 +1,41 @@
 """Detector model adapters: preprocessing and output decoding per export format, the format registry and the
-resolved model (ModelSpec)."""
+resolved model (ModelSpec). Names load on first use: the config reads the registry's format names without
+importing the adapters (and OpenCV with them)."""
 
 from __future__ import annotations
 
-import numpy as np
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from engines.runtimes.base import TensorSpec
-from pipelines.models.base import GRAFTED_OUTPUTS, ModelAdapter
-from pipelines.models.nanodet import NanoDetAdapter
-from pipelines.models.registry import DEFAULT_SIDE, FORMATS, formats, make_adapter
-from pipelines.models.spec import GraftParams, GraftRecord, ModelSpec, SpecError, resolve_onnx
-from pipelines.models.yolov5 import YoloV5Adapter
-from pipelines.models.yolov8 import YoloV8Adapter
+if TYPE_CHECKING:
+    from pipelines.models.base import ModelAdapter
+    from pipelines.models.checks import check_outputs, probe_input
+    from pipelines.models.nanodet import NanoDetAdapter
+    from pipelines.models.registry import DEFAULT_SIDE, FORMATS, formats, make_adapter
+    from pipelines.models.spec import GraftParams, GraftRecord, ModelSpec, SpecError, resolve_onnx
+    from pipelines.models.yolov5 import YoloV5Adapter
+    from pipelines.models.yolov8 import YoloV8Adapter
+
+_WHERE = {
+    "DEFAULT_SIDE": "registry",
+    "FORMATS": "registry",
+    "formats": "registry",
+    "make_adapter": "registry",
+    "GraftParams": "spec",
+    "GraftRecord": "spec",
+    "ModelSpec": "spec",
+    "SpecError": "spec",
+    "resolve_onnx": "spec",
+    "ModelAdapter": "base",
+    "NanoDetAdapter": "nanodet",
+    "YoloV5Adapter": "yolov5",
+    "YoloV8Adapter": "yolov8",
+    "check_outputs": "checks",
+    "probe_input": "checks",
+}
 
 __all__ = [
+    "DEFAULT_SIDE",
     "FORMATS",
     "GraftParams",
     "GraftRecord",
@@ -31,23 +53,10 @@ __all__ = [
 ]
 
 
-def check_outputs(fmt: str, adapter: ModelAdapter, outputs: dict[str, np.ndarray]) -> None:
-    """ValueError when a real inference's `outputs` are not what the adapter decodes (a NanoDet declared
-    yolov8 would otherwise run with 0 detections and an error per batch). Only the layout is checked."""
-    if adapter.grafted:  # decode + NMS grafted onto the graph: detections of fixed shape
-        missing = [name for name in GRAFTED_OUTPUTS if name not in outputs]
-        if missing:
-            raise ValueError(f"the grafted model's outputs ({', '.join(outputs)}) lack {', '.join(missing)}")
-        return
-    try:
-        adapter._decode(outputs, 1, 2.0)  # threshold above 1: nothing survives, no box maths
-    except (ValueError, KeyError, IndexError) as exc:
-        shapes = ", ".join(f"{name} {list(a.shape)}" for name, a in outputs.items())
-        raise ValueError(f"the model's outputs ({shapes}) are not {fmt} outputs: {exc}") from None
-
-
-def probe_input(spec: TensorSpec) -> np.ndarray:
-    """A batch of one zero image for `spec` (dynamic H/W: 640, as make_adapter assumes)."""
-    c = spec.shape[1] if spec.shape[1] is not None else 3
-    h, w = (d if d is not None else DEFAULT_SIDE for d in spec.shape[2:4])
-    return np.zeros((1, c, h, w), dtype=np.float32)
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipelines.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pipelines.models.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -4,17 +4,20 @@ registry). A new format is an adapter module (pipelines.models.base.ModelAdapter
 
 from __future__ import annotations
 
-from engines.runtimes.base import TensorSpec
-from pipelines.models.base import ModelAdapter
-from pipelines.models.nanodet import NanoDetAdapter
-from pipelines.models.yolov5 import YoloV5Adapter
-from pipelines.models.yolov8 import YoloV8Adapter
+import importlib
+from typing import TYPE_CHECKING
 
-FORMATS: dict[str, type[ModelAdapter]] = {
-    "nanodet": NanoDetAdapter,
-    "yolov8": YoloV8Adapter,
-    "yolo11": YoloV8Adapter,  # YOLO11 detection exports use the YOLOv8 output layout
-    "yolov5": YoloV5Adapter,
+if TYPE_CHECKING:
+    from engines.runtimes.base import TensorSpec
+    from pipelines.models.base import ModelAdapter
+
+# "module:Class" is imported on first use, so the config can list the names without loading the adapters
+# (and OpenCV with them); a class works too (a plug-in registering itself, the toy format of the tests).
+FORMATS: dict[str, str | type[ModelAdapter]] = {
+    "nanodet": "pipelines.models.nanodet:NanoDetAdapter",
+    "yolov8": "pipelines.models.yolov8:YoloV8Adapter",
+    "yolo11": "pipelines.models.yolov8:YoloV8Adapter",  # YOLO11 detection exports use the YOLOv8 layout
+    "yolov5": "pipelines.models.yolov5:YoloV5Adapter",
 }
 
 DEFAULT_SIDE = 640  # used for a dynamic (None) H or W, the usual YOLO export size
@@ -26,10 +29,14 @@ def formats() -> tuple[str, ...]:
 
 
 def adapter_class(fmt: str) -> type[ModelAdapter]:
-    cls = FORMATS.get(fmt.lower())
-    if cls is None:
+    entry = FORMATS.get(fmt.lower())
+    if entry is None:
         raise ValueError(f"unknown model format {fmt!r}; valid formats: {', '.join(sorted(FORMATS))}")
-    return cls
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        cls: type[ModelAdapter] = getattr(importlib.import_module(module), name)
+        return cls
+    return entry
 
 
 def make_adapter(

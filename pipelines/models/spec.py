@@ -143,7 +143,7 @@ def resolve_onnx(name: str, path: Path, fmt: str, labels: Sequence[str]) -> Mode
     if record is None:
         grafted = is_grafted([o.name for o in model.graph.output])
         return replace(spec, postprocess="graph") if grafted else spec
-    if FORMATS.get(record.format) is not adapter_class(fmt):
+    if record.format not in FORMATS or adapter_class(record.format) is not adapter_class(fmt):
         raise SpecError("format", f"{fmt}: {path} was grafted for {record.format} outputs")
     if record.num_classes != spec.num_classes:
         raise SpecError(
