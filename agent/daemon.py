@@ -225,7 +225,7 @@ class Agent(DeviceOwner):
         """For the supervisor (READY, STATUS, WATCHDOG): cameras tried, frames in, results out."""
         return reports.progress(self.pipeline, self.results_out, self.engines)
 
-    # ---- MQTT commands (validated by agent.commands; they run one at a time on its thread) -----------
+    # ---- MQTT commands (validated by agent.mqtt.commands; they run one at a time on its thread) -----------
     def snapshot(self, camera: str) -> dict:
         """cmd/snapshot for one camera of this process (a shard answers the supervisor with it)."""
         return self._cmd_snapshot(SnapshotRequest(camera=camera))

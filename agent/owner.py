@@ -189,7 +189,7 @@ class DeviceOwner:
             raise CommandError(f"config refused, the previous one is still running: {error}")
         return {"changes": (self.last_reload or {}).get("changes")}
 
-    # ---- Home Assistant discovery (agent.discovery) --------------------------------------------------
+    # ---- Home Assistant discovery (agent.mqtt.discovery) --------------------------------------------------
     def _publish_discovery(self, old: AgentConfig | None = None) -> None:
         if self.mqtt is None or not self._owns_device():
             return

@@ -38,7 +38,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
-    """The fleet table from the broker's retained messages (agent.fleet); broker settings from --config's
+    """The fleet table from the broker's retained messages (agent.mqtt.fleet); broker settings from --config's
     mqtt section, overridden by the flags."""
     import json
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 MAX_PAYLOAD = 16 * 1024  # bytes; the largest real command is well under 1 KB
 MAX_DEPTH = 8  # nesting of objects/arrays
 _ACTION = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_NAME = r"^[A-Za-z0-9_.-]{1,128}$"  # config names (agent.config._NAME), bounded
+_NAME = r"^[A-Za-z0-9_.-]{1,128}$"  # config names (agent.config.names), bounded
 
 RequestId = Annotated[str, Field(max_length=128)] | Annotated[StrictInt, Field(ge=-(2**53), le=2**53)]
 

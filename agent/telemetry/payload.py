@@ -53,7 +53,7 @@ def build_telemetry(
             "last_refused": (mqtt or {}).get("last_refused"),
             # instances of other processes publishing with this device id (agent.mqtt)
             "duplicates": list((mqtt or {}).get("duplicates", [])),
-            # accepted, rejected, dropped, retained_ignored, failed (agent.commands)
+            # accepted, rejected, dropped, retained_ignored, failed (agent.mqtt.commands)
             "commands": dict((mqtt or {}).get("commands", {})),
         },
     }
