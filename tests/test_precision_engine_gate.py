@@ -17,6 +17,7 @@ import agent.lifecycle.job as job
 from agent.config import parse_config
 from agent.lifecycle.capture import capture_calibration_set
 from agent.lifecycle.model import ModelContext
+from engines.buildproc import Event, Progress
 from engines.runtimes.ort import OrtBackend
 from engines.store import EngineStore
 
@@ -71,7 +72,7 @@ def test_engine_gate_failure_falls_back_to_fp16(tmp_path: Path, monkeypatch: pyt
         }
     )
     capture_calibration_set(cfg, "det", progress=False)  # the parent's part (daemon or CLI)
-    events: list[dict] = []
+    events: list[Event] = []
     request = job.JobRequest(ModelContext.from_config(cfg, "det"), "best")
     result = job.run_job(request, events.append)
     assert result.ok, result
@@ -83,8 +84,12 @@ def test_engine_gate_failure_falls_back_to_fp16(tmp_path: Path, monkeypatch: pyt
     # The plan, step by step: TensorRT-RTX cannot build the unfolded Q/DQ NanoDet, so the folded graph
     # is gated and built next; its engine disagrees, FP16 follows. (Each step is one phase, 0/1 -> 1/1,
     # around its gate's own: "accuracy gate fp16: fp32 reference", "...: candidate", frame by frame.)
-    steps = [e for e in events if e["phase"].startswith("accuracy gate") and ":" not in e["phase"]]
-    assert [e["phase"] for e in steps if e["step"] == 0] == [
+    steps = [
+        e
+        for e in events
+        if isinstance(e, Progress) and e.phase.startswith("accuracy gate") and ":" not in e.phase
+    ]
+    assert [e.phase for e in steps if e.step == 0] == [
         "accuracy gate int8",
         "accuracy gate int8 (folded)",
         "accuracy gate fp16",
