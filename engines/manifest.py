@@ -103,8 +103,10 @@ class BuildInfo(Mapping[str, Any]):
 
     def without(self, name: str) -> BuildInfo:
         """A copy with the optional field `name` absent (cleared, and not written)."""
-        order = tuple(k for k in self.key_order if k != name)
-        return replace(self, **{name: None}, key_order=order)
+        if name not in OPTIONAL_BUILD_SPEC:
+            raise ValueError(f"build.{name} is not an optional field")
+        changes: dict[str, Any] = {name: None, "key_order": tuple(k for k in self.key_order if k != name)}
+        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: the keys as read, then any field set since (required ones always)."""

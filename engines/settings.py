@@ -132,7 +132,7 @@ class BuildSettings:
         return cls(
             onnx=Path(d["onnx"]),
             precision=parse_precision(d.get("precision", "fp32"), "build request: precision"),
-            batch=tuple(d.get("batch", (1, 1, 1))),  # type: ignore[arg-type]
+            batch=tuple(d.get("batch", (1, 1, 1))),
             profiles=None if profiles is None else tuple(profiles_from_json(profiles)),
             workspace_bytes=int(d.get("workspace_bytes", DEFAULT_WORKSPACE)),
             optimization_level=int(d.get("optimization_level", 3)),
