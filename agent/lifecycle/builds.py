@@ -43,7 +43,6 @@ class Jobs:
     (publish) and the swap side's `_adopt` and `_listing` it calls."""
 
     cfg: AgentConfig
-    store: EngineStore
     _models: dict[str, ModelEngine]
     _stop: threading.Event
     _delegate: Delegate | None
@@ -51,6 +50,14 @@ class Jobs:
     _gpu: int | None
     _version: str
     _frames_for: Callable[[str], FrameTap | None]
+
+    if TYPE_CHECKING:
+
+        @property
+        def store(self) -> EngineStore: ...
+        def _set(self, me: ModelEngine, **fields: Any) -> None: ...
+        def _adopt(self, me: ModelEngine, key: str) -> None: ...
+        def _listing(self, name: str) -> tuple: ...
 
     def rebuild(
         self,

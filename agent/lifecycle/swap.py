@@ -24,6 +24,7 @@ from engines.runtimes.base import Backend, BackendError, PlanRefusedError
 from engines.runtimes.tensorrt import TensorRTBackend
 
 if TYPE_CHECKING:
+    from engines.precision import Precision
     from engines.store import EngineStore
 
 # The daemon's log names the engine manager for every line of its lifecycle.
@@ -37,12 +38,24 @@ class HotSwap:
     """EngineManager's serving side. A mixin: the attributes below are EngineManager's, and so are `_set`
     (publish) and the job side's `rebuild` it calls."""
 
-    store: EngineStore
     _models: dict[str, ModelEngine]
     _stop: threading.Event
     _serve: bool
     _swap: Callable[[str, Backend], None]
     _watch_interval: float
+
+    if TYPE_CHECKING:
+
+        @property
+        def store(self) -> EngineStore: ...
+        def _set(self, me: ModelEngine, **fields: Any) -> None: ...
+        def rebuild(
+            self,
+            name: str,
+            force: bool = False,
+            precision: Precision | None = None,
+            reasons: list[str] | None = None,
+        ) -> bool: ...
 
     def _adopt(self, me: ModelEngine, key: str) -> None:
         """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
