@@ -11,17 +11,31 @@ engine the last gate kept (agent.lifecycle.job.resolved_settings).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.lifecycle.calibration import CalibrationSet
 from agent.lifecycle.candidates import write_json
 from agent.lifecycle.model import ModelContext
 from engines.precision import Built, Precision
 
-if TYPE_CHECKING:
-    from agent.lifecycle.gate import Gate
+
+class Measured(Protocol):
+    """What a report reads of the gate that measured it (agent.lifecycle.gate.Gate)."""
+
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def images(self) -> Sequence[Any]: ...
+    @property
+    def score_threshold(self) -> float: ...
+    @property
+    def slack(self) -> float: ...
+    @property
+    def cset(self) -> CalibrationSet: ...
+    def reference(self) -> tuple[Any, float]: ...
 
 
 @dataclass
@@ -71,7 +85,7 @@ class GateReport:
 
     @classmethod
     def decide(
-        cls, gate: Gate, requested: Precision, tried: list[GateEntry], final: GateEntry | None = None
+        cls, gate: Measured, requested: Precision, tried: list[GateEntry], final: GateEntry | None = None
     ) -> GateReport:
         """The report of `final` (default: the first entry that passed, else the last one tried)."""
         final = final or next((t for t in tried if t.passed), tried[-1])
