@@ -38,7 +38,7 @@ FINGERPRINT_FIELDS = (
     "dla_core",
     "platform",
 )
-# Fields whose change means "rebuild" (see compat.py).
+# Fields whose change means "rebuild" (see engines.build.compat).
 KEY_FIELDS = ("trt_flavor", "trt_version", "gpu_name", "compute_capability", "l4t", "dla_core", "platform")
 
 

@@ -4,9 +4,9 @@
 
 Strongly typed flavours (TensorRT-RTX, TensorRT 11) take precision from the graph: FP16 means
 converting the ONNX with onnxconverter-common (`keep_io_types=True`, so the engine still takes and
-returns float32 like the ONNX Runtime fallback); INT8 means the caller's Q/DQ ONNX (engines.quantize).
+returns float32 like the ONNX Runtime fallback); INT8 means the caller's Q/DQ ONNX (engines.build.quantize).
 Weakly typed TensorRT (<= 10) keeps the FP32 graph and sets builder flags: FP16, or INT8 + FP16 with a
-calibrator (engines.calibrator) - or, given a Q/DQ ONNX there too, INT8 + FP16 without a calibrator.
+calibrator (engines.build.calibrator) - or, given a Q/DQ ONNX there too, INT8 + FP16 without a calibrator.
 `best` is the agent's to resolve (accuracy gate) before anything is built: refused here.
 
 The precision names live here too, typed and parsed once where they enter (config, CLI, a JSON request):
@@ -98,7 +98,7 @@ def _prepare_int8(api: TrtApi, onnx_path: Path, qdq_onnx: Path | None) -> Prepar
     if api.strongly_typed:
         raise UnavailableError(
             f"precision 'int8' on {api.label} needs a Q/DQ ONNX of {onnx_path} (BuildSettings.qdq_onnx, "
-            "made by engines.quantize): strongly typed TensorRT has no calibrators"
+            "made by engines.build.quantize): strongly typed TensorRT has no calibrators"
         )
     return PreparedModel(onnx_path, None, "int8", "int8", calibrate=True)
 

@@ -62,8 +62,8 @@ class BuildSettings:
     # {method: entropy|minmax|percentile, samples: int, [quantile], [any identity key, e.g. data_id],
     #  [cache_sha256]}: every key but cache_sha256 identifies the calibration (engine key + cache reuse).
     calibration: dict[str, Any] | None = None
-    # A Q/DQ (explicitly quantised) copy of `onnx`, made by the caller (engines.quantize): the INT8 route
-    # on strongly typed TensorRT (11, RTX); also honoured by weakly typed TensorRT (no calibrator then).
+    # A Q/DQ (explicitly quantised) copy of `onnx`, made by the caller (engines.build.quantize): the INT8
+    # route on strongly typed TensorRT (11, RTX); also honoured by weakly typed TensorRT (no calibrator then).
     qdq_onnx: Path | None = None
     # Calibration batches for builds in a child process: a .npy file (N, C, H, W) float32, or a
     # directory of such files (sorted by name). In-process callers may pass batches to build() instead.

@@ -5,7 +5,7 @@
 ONNX Runtime on the CPU, the bundled NanoDet, batch 1, the same preprocessed frames of the bundled clip for
 every variant: ms per frame for model + host postprocess, and for each grafted NMS tail (model only, plus
 the tiny decode_grafted). Bytes per frame that would cross device -> host (all outputs). Then whether
-TensorRT-RTX parses and builds the grafted graph (CPU-only ahead-of-time build, as engines.builder does)
+TensorRT-RTX parses and builds the grafted graph (CPU-only ahead-of-time build, as engines.build.builder does)
 and whether onnx2torch converts it (needs torch; reported, not required).
 """
 
@@ -69,7 +69,7 @@ def _time(fn: Any, inputs: list[Any]) -> dict[str, float]:
 
 
 def _trt_build(path: Path) -> dict[str, Any]:
-    """A real fp32 TensorRT-RTX build through engines.builder (no GPU needed: ahead of time)."""
+    """A real fp32 TensorRT-RTX build through engines.build.builder (no GPU needed: ahead of time)."""
     try:
         from engines.build.builder import build
         from engines.fingerprint import probe_fingerprint

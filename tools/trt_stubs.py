@@ -5,7 +5,7 @@
 Not a dependency in pyproject.toml, because that package
 - requires tensorrt==10.13 itself (from NVIDIA's index), which CI must not have, and
 - installs a bare `tensorrt/` folder (.pyi only) that would import as an empty namespace package and win
-  over tensorrt_rtx in engines.trt_api.import_trt().
+  over tensorrt_rtx in engines.trt.api.import_trt().
 So it goes, without dependencies, into `{sys.prefix}/typestubs/`, off sys.path. Every published version
 is generated with a few lines that are not Python (parameters named `in`, a required parameter after
 defaults) and annotates with `bool`, which the module rebinds to DataType.BOOL; both are repaired once

@@ -97,7 +97,7 @@ class ModelConfig(StrictModel):
     preprocess: Literal["cpu", "gpu"] = "cpu"
     # graph: decode + score threshold + NMS grafted onto the ONNX before anything is built or served
     # (pipelines.models.graft), so the engine returns detections (a few KB per frame) instead of raw heads;
-    # the grafted part stays FP32 whatever the precision (engines.islands).
+    # the grafted part stays FP32 whatever the precision (engines.build.islands).
     # A prebuilt engine: the manifest `<key>.json` of a store (e.g. `edge-agent build --out DIR`: DIR/<model>/
     # <key>.json, its plan beside it). Imported into engine_dir at start, then checked as any engine is: a
     # plan that does not fit this device or these settings is refused with the reasons and rebuilt.

@@ -23,7 +23,7 @@ def _is_device(url: str) -> bool:
 
 def camera_file(url: str) -> str | None:
     """The local file that a camera `url` names (a file path or a file:// URL), else None (a network stream
-    or a V4L2 device), as pipelines.sources.resolve tells them apart."""
+    or a V4L2 device), as pipelines.sources.spec.resolve tells them apart."""
     if not url or _is_device(url):
         return None
     head, sep, _ = url.partition("://")

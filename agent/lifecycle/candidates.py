@@ -55,7 +55,7 @@ def _cached(meta_path: Path, want: dict[str, Any], onnx_path: Path) -> dict[str,
     return meta["info"]
 
 
-PERCENTILE = 99.99  # the percentile method's clip point (engines.quantize's default)
+PERCENTILE = 99.99  # the percentile method's clip point (engines.build.quantize's default)
 
 
 def _candidate_spec(
@@ -110,7 +110,7 @@ def candidate_model(
 ) -> Candidate:
     """The ONNX an engine of `precision` is built from; derived ones are cached in the calibration dir.
 
-    fp32: the configured ONNX. fp16: engines.precision.convert_fp16. int8: engines.quantize Q/DQ,
+    fp32: the configured ONNX. fp16: engines.precision.convert_fp16. int8: engines.build.quantize Q/DQ,
     calibrated on the calibration split only. `progress`: reported under `phase` (see Gate).
     """
     mcfg = ctx.cfg

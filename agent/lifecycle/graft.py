@@ -4,7 +4,7 @@
 
 Everything after this (calibration, the accuracy gate, FP16/INT8 conversions, engine builds, ONNX Runtime
 serving) takes the grafted graph as the model: the engine key follows its hash, so a changed threshold is a
-rebuild. The grafted part is an FP32 island (engines.islands) through every precision route, and the
+rebuild. The grafted part is an FP32 island (engines.build.islands) through every precision route, and the
 adapters of the resolved model read its det_* outputs as detections (pipelines.models.base.decode_grafted).
 The grafted ONNX records how it was made in its metadata (pipelines.models.spec.GraftRecord).
 

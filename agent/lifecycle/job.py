@@ -9,13 +9,13 @@ the resolved model (ModelContext): the child never reads the config file. It rea
 the parent stored (the daemon from its running pipeline, the CLI from the cameras or a folder) and
 follows engines.plan.plan_steps from the requested precision down:
 
-    step -> graph gate on ONNX Runtime (not fp32 when fp32 was asked for) -> build (engines.builder)
+    step -> graph gate on ONNX Runtime (not fp32 when fp32 was asked for) -> build (engines.build.builder)
          -> where the engine executes here: gate the engine itself
 A step failing any of these gives way to the next; a folded INT8 step runs only when the unfolded build
 failed. The gate report (which steps were tried, why they failed) goes next to the calibration set and
 into the engine manifest's `validation`.
 
-One job per model at a time, gate and build alike: the model's build lock (engines.lock) is held for the
+One job per model at a time, gate and build alike: the model's build lock (engines.store.lock) is held for the
 whole job. The parent (CLI or daemon) normally takes it before it captures frames and hands it down
 (`lock_fd`, inherited with pass_fds: parent and child hold it together until both are done); a request
 without one makes the child take it itself, waiting `lock_wait_s`. Progress events cover the gate too:

@@ -5,10 +5,10 @@
 
 Where the model's TensorRT engine executes (a GPU), the stored engine of precision P is profiled with an
 IProfiler, its layers described by the engine inspector (engines.runtimes.trt_layers). Everywhere else
-ONNX Runtime profiles the graph (engines.profiling): FP32, and for P = fp16/int8 also the very FP16 / Q/DQ
-graph the accuracy gate measures (made from the calibration set as `rebuild` makes it, captured first
-when there is none), side by side per source node and per op type. The engine's layer-precision summary
-from its manifest is added where a fitting engine exists.
+ONNX Runtime profiles the graph (engines.runtimes.profiling): FP32, and for P = fp16/int8 also the very
+FP16 / Q/DQ graph the accuracy gate measures (made from the calibration set as `rebuild` makes it,
+captured first when there is none), side by side per source node and per op type. The engine's
+layer-precision summary from its manifest is added where a fitting engine exists.
 
 Writes `{out}/{model}.json` (schema edge-agent/profile/1), `{out}/{model}.png` (a bar chart; needs
 matplotlib, otherwise one line says so) and ORT's raw traces `{out}/{model}-ort-{precision}.trace.json`

@@ -41,6 +41,6 @@ def gpu_stats(nvml: Nvml = NVML) -> dict[str, dict[str, Any]]:
     """{index: {name, util_percent, mem_used_mb, mem_total_mb, temp_c}} via NVML; {} when unreadable.
 
     NVML is optional (absent on Jetson, where tegrastats is the source): any failure gives {}. The
-    reader is engines.gpu_probe's, initialised once per process.
+    reader is engines.cuda.gpu_probe's, initialised once per process.
     """
     return nvml.stats()

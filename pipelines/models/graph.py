@@ -38,7 +38,7 @@ class GraphBuilder:
     def op(self, kind: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
         name = out or f"graft/{kind}_{self.n}"
         self.n += 1
-        # Node names mark the FP32 island (engines.islands): precision routes leave these nodes alone.
+        # Node names mark the FP32 island (engines.build.islands): precision routes leave these nodes alone.
         self.graph.node.append(helper.make_node(kind, inputs, [name], name=KEEP_FP32 + name, **attrs))
         return name
 
