@@ -296,25 +296,45 @@ def _parse_h264_sps(nal: bytes) -> SpsInfo:
         b.skip(1)  # mb_adaptive_frame_field_flag
     b.skip(1)  # direct_8x8_inference_flag
     width, height = width_mbs * 16, (2 - frame_mbs_only) * height_units * 16
-    if b.flag():  # frame_cropping_flag
-        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
-        array_type = 0 if separate_planes else chroma_format_idc
-        sub_w = 2 if array_type in (1, 2) else 1
-        sub_h = 2 if array_type == 1 else 1
-        width -= sub_w * (left + right)
-        height -= sub_h * (2 - frame_mbs_only) * (top + bottom)
-    info = dict(
-        codec="h264",
+    if b.flag():  # frame_cropping_flag: vertical offsets count in field rows when fields are coded
+        width, height = _cropped(b, width, height, chroma_format_idc, separate_planes, 2 - frame_mbs_only)
+    info = _sps_fields("h264", profile_idc, level_idc, chroma_format_idc, (depth_y, depth_c), (width, height))
+    return _with_vui(b, info)
+
+
+def _cropped(
+    b: _Bits, width: int, height: int, chroma_format_idc: int, separate_planes: bool, rows: int = 1
+) -> tuple[int, int]:
+    """`width` x `height` less the cropping (H.264) / conformance (H.265) window read from `b`: its four
+    offsets count in chroma samples (SubWidthC, SubHeightC), times `rows` vertically."""
+    left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
+    array_type = 0 if separate_planes else chroma_format_idc
+    sub_w = 2 if array_type in (1, 2) else 1
+    sub_h = 2 if array_type == 1 else 1
+    return width - sub_w * (left + right), height - sub_h * rows * (top + bottom)
+
+
+def _sps_fields(
+    codec: str,
+    profile_idc: int,
+    level_idc: int,
+    chroma_format_idc: int,
+    depths: tuple[int, int],
+    size: tuple[int, int],
+) -> dict[str, object]:
+    """The SpsInfo fields both codecs read before the VUI."""
+    profiles = _H264_PROFILES if codec == "h264" else _H265_PROFILES
+    return dict(
+        codec=codec,
         profile_idc=profile_idc,
-        profile=_H264_PROFILES.get(profile_idc, f"profile {profile_idc}"),
+        profile=profiles.get(profile_idc, f"profile {profile_idc}"),
         level_idc=level_idc,
         chroma_format=_CHROMA.get(chroma_format_idc, str(chroma_format_idc)),
-        bit_depth_luma=depth_y,
-        bit_depth_chroma=depth_c,
-        width=width,
-        height=height,
+        bit_depth_luma=depths[0],
+        bit_depth_chroma=depths[1],
+        width=size[0],
+        height=size[1],
     )
-    return _with_vui(b, info)
 
 
 def _with_vui(b: _Bits, info: dict[str, object]) -> SpsInfo:
@@ -395,24 +415,9 @@ def _parse_h265_sps(nal: bytes) -> SpsInfo:
     separate_planes = b.flag() if chroma_format_idc == 3 else False
     width, height = b.ue(), b.ue()
     if b.flag():  # conformance_window_flag
-        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
-        array_type = 0 if separate_planes else chroma_format_idc
-        sub_w = 2 if array_type in (1, 2) else 1
-        sub_h = 2 if array_type == 1 else 1
-        width -= sub_w * (left + right)
-        height -= sub_h * (top + bottom)
-    depth_y, depth_c = b.ue() + 8, b.ue() + 8
-    info: dict[str, object] = dict(
-        codec="hevc",
-        profile_idc=profile_idc,
-        profile=_H265_PROFILES.get(profile_idc, f"profile {profile_idc}"),
-        level_idc=level_idc,
-        chroma_format=_CHROMA.get(chroma_format_idc, str(chroma_format_idc)),
-        bit_depth_luma=depth_y,
-        bit_depth_chroma=depth_c,
-        width=width,
-        height=height,
-    )
+        width, height = _cropped(b, width, height, chroma_format_idc, separate_planes)
+    depths = b.ue() + 8, b.ue() + 8
+    info = _sps_fields("hevc", profile_idc, level_idc, chroma_format_idc, depths, (width, height))
     try:
         log2_max_poc_lsb = b.ue() + 4
         ordering_all = b.flag()  # sps_sub_layer_ordering_info_present_flag
