@@ -180,17 +180,27 @@ class Transition:
     reason: str | None = None  # zone_leave because the track ended: lost, gap, reconnect, ...
 
 
-# ---- zones ----
-class Zones:
-    """The zones of one camera and which tracks are in them (arrays aligned with the tracker's tracks)."""
+class _Regions:
+    """What zones and lines hold alike: their specs, which classes each counts, its anchor's offsets."""
 
     def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
         self.specs = tuple(specs)
         self.n_classes = n_classes
-        z = len(self.specs)
         self._mask = _label_mask(self.specs, n_classes)
+        self._offsets = _anchor_offsets(self.specs)  # (2, regions)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+
+# ---- zones ----
+class Zones(_Regions):
+    """The zones of one camera and which tracks are in them (arrays aligned with the tracker's tracks)."""
+
+    def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
+        super().__init__(specs, n_classes)
+        z = len(self.specs)
         self._any_label = all(s.labels is None for s in self.specs)
-        self._offsets = _anchor_offsets(self.specs)  # (2, Z)
         self._one_anchor = len({s.anchor for s in self.specs}) <= 1
         self._anchor = ANCHORS[self.specs[0].anchor] if self.specs else (0.0, 0.0)
         inertia = {s.inertia for s in self.specs}
@@ -205,9 +215,6 @@ class Zones:
         self.visited = np.zeros((0, z), bool)  # ever in it (the object's "zones entered")
         self._streak = np.zeros((0, z), np.int16)  # frames in a row the raw test disagreed with `inside`
         self.counts = np.zeros((z, n_classes + 1), np.int64)  # per zone, per class: tracks inside
-
-    def __len__(self) -> int:
-        return len(self.specs)
 
     def _compile(self, size: tuple[int, int]) -> None:
         """Edges of every zone in pixels of ``size``, grouped by zone (crossing-number test)."""
@@ -335,23 +342,17 @@ class Zones:
 
 
 # ---- lines ----
-class Lines:
+class Lines(_Regions):
     """The lines of one camera, each track's side of each, and the crossings counted."""
 
     def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
-        self.specs = tuple(specs)
-        self.n_classes = n_classes
+        super().__init__(specs, n_classes)
         n = len(self.specs)
-        self._mask = _label_mask(self.specs, n_classes)
-        self._offsets = _anchor_offsets(self.specs)
         # One anchor for every line (the usual case): (N, 1) anchors instead of (N, lines).
         self._anchor = ANCHORS[self.specs[0].anchor] if len({s.anchor for s in self.specs}) == 1 else None
         self._size: tuple[int, int] | None = None
         self.side = np.zeros((0, n), np.int8)  # per (track, line): -1 left, +1 right, 0 not yet known
         self.counts = np.zeros((n, 2, n_classes + 1), np.int64)  # per line: [in, out] per class
-
-    def __len__(self) -> int:
-        return len(self.specs)
 
     def _compile(self, size: tuple[int, int]) -> None:
         a = np.array([s.pixels(size)[0] for s in self.specs]).reshape(-1, 2)
