@@ -7,6 +7,7 @@ order: start, reload, stop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from agent import __version__
 from agent.config import AgentConfig, ModelConfig
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
-from agent.lifecycle.model import resolve_spec
+from agent.lifecycle.model import ModelContext
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandRouter, SnapshotRequest
 from agent.mqtt.topics import Topics, payload
@@ -171,8 +172,10 @@ class Agent(DeviceOwner):
     def _open_model(self, name: str, mcfg: ModelConfig, cfg: AgentConfig | None = None) -> None:
         """Open a model's backend and make its (not yet started) worker. `cfg`: a reloaded config that is
         not in effect yet. Raises before anything is registered, so a failure leaves no trace."""
-        spec = resolve_spec(name, mcfg, (cfg or self.cfg).engine_dir)  # labels read, the ONNX grafted
-        self.pipeline.open_model(name, mcfg, spec, lambda: self.engines.open(name, cfg), self.sinks.for_model)
+        ctx = ModelContext.from_config(cfg or self.cfg, name)
+        spec = ctx.spec  # resolved once: labels read, the ONNX grafted; the engine manager reuses it
+        opener = functools.partial(self.engines.open, name, cfg, ctx)
+        self.pipeline.open_model(name, mcfg, spec, opener, self.sinks.for_model)
 
     # ---- status and camera states ----------------------------------------------------------------
     def _status_fields(self) -> dict:

@@ -33,7 +33,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.lifecycle.model import ModelContext, adapter_for
+from agent.lifecycle.model import ModelContext
 from pipelines.frames import host_image
 from pipelines.models import ModelAdapter
 from pipelines.scheduler import Result
@@ -80,7 +80,7 @@ class CalibrationSet:
 
 def model_adapter(ctx: ModelContext) -> ModelAdapter:
     """The adapter inference uses for the model, sized from its ONNX input (no runtime session needed)."""
-    return adapter_for(ctx.name, ctx.cfg)
+    return ctx.spec.adapter()
 
 
 def read_frames(paths: Iterable[Path]) -> Iterator[np.ndarray]:

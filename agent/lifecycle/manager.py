@@ -99,10 +99,11 @@ class EngineManager(Jobs, HotSwap):
         return list(self._models)
 
     # ---- start-up ------------------------------------------------------------------------------
-    def open(self, name: str, cfg: AgentConfig | None = None) -> Backend:
+    def open(self, name: str, cfg: AgentConfig | None = None, ctx: ModelContext | None = None) -> Backend:
         """The backend to serve `name` with now; a job starts in the background (start_pending) when one
-        is needed. `cfg`: a reloaded configuration not yet in effect (see detach/retire)."""
-        ctx = ModelContext.from_config(cfg or self.cfg, name)
+        is needed. `cfg`: a reloaded configuration not yet in effect (see detach/retire); `ctx`: the model
+        as the caller resolved it from that configuration (its labels are not read again)."""
+        ctx = ctx or ModelContext.from_config(cfg or self.cfg, name)
         target = engine_target(ctx) if self._gpu is None else engine_target(ctx, self._gpu)
         if isinstance(target, OrtOnly):
             return self._ort_only(ctx, target)

@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.config import AgentConfig, ConfigError, ModelConfig
 from engines.settings import BuildSettings, profiles_from_json
-from pipelines.models import GraftParams, ModelAdapter, ModelSpec, SpecError, resolve_onnx
+from pipelines.models import GraftParams, ModelSpec, SpecError, resolve_onnx
 from pipelines.models.registry import adapter_class
 from pipelines.postprocess import load_labels
 
@@ -66,12 +66,6 @@ def resolve_spec(name: str, mcfg: ModelConfig, engine_dir: Path | None = None) -
     from agent.lifecycle.graft import grafted_onnx  # onnx graph building: only for postprocess: graph
 
     return spec.grafted_as(grafted_onnx(spec, params, engine_dir), params)
-
-
-def adapter_for(name: str, mcfg: ModelConfig) -> ModelAdapter:
-    """The adapter inference uses for the model (no runtime session needed); ModelContext.spec.adapter()
-    where a context is at hand, which resolves the model once."""
-    return resolve_spec(name, mcfg).adapter()
 
 
 @dataclass(frozen=True)
