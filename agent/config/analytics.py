@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, field_validator
 
-from agent.config.strict import StrictModel
+from agent.config.strict import StrictModel, raise_problem
 from pipelines.zones import polygon_problem, segment_problem
 
 Anchor = Literal["bottom_center", "center", "top_center", "left_center", "right_center"]
@@ -63,9 +63,7 @@ class ZoneConfig(StrictModel):
     @classmethod
     def _polygon(cls, v: list[Point]) -> list[Point]:
         v = _closed(v)
-        problem = polygon_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(polygon_problem(v))
         return v
 
     @field_validator("labels")
@@ -84,9 +82,7 @@ class LineConfig(StrictModel):
     @field_validator("points")
     @classmethod
     def _points(cls, v: list[Point]) -> list[Point]:
-        problem = segment_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(segment_problem(v))
         return v
 
     @field_validator("labels")

@@ -19,7 +19,7 @@ from agent.config.analytics import (
 from agent.config.errors import show
 from agent.config.names import level_problem
 from agent.config.sources import camera_url_problem
-from agent.config.strict import StrictModel
+from agent.config.strict import StrictModel, raise_problem
 from pipelines.urls import mask_url
 
 
@@ -62,9 +62,7 @@ class CameraConfig(StrictModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        problem = None if v is None else camera_url_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(None if v is None else camera_url_problem(v))
         return v
 
     @field_validator("pipeline")

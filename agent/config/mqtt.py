@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from agent.config.errors import ConfigError
 from agent.config.files import file_problem
 from agent.config.names import host_problem, name_problem, topic_prefix_problem
-from agent.config.strict import BOOL_WORDS, ConfigPath, EnvText, Secret, StrictModel
+from agent.config.strict import BOOL_WORDS, ConfigPath, EnvText, Secret, StrictModel, raise_problem
 from agent.mqtt.password import PasswordFileError, read_password_file
 from agent.mqtt.tls import TlsFileError, TlsOptions, client_context
 
@@ -35,6 +35,13 @@ class MqttTlsConfig(StrictModel):
 
     def options(self) -> TlsOptions:
         return TlsOptions(self.ca_file, self.cert_file, self.key_file, self.insecure)
+
+
+def _mqtt_string_problem(text: str) -> str | None:
+    """Why `text` does not fit an MQTT string (a 16-bit length in bytes), or None."""
+    if len(text.encode("utf-8", "surrogatepass")) > 65535:
+        return "at most 65535 bytes (an MQTT string)"
+    return None
 
 
 class MqttConfig(StrictModel):
@@ -88,31 +95,25 @@ class MqttConfig(StrictModel):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        problem = topic_prefix_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(topic_prefix_problem(v))
         return v
 
     @field_validator("username")
     @classmethod
     def _username(cls, v: str | None) -> str | None:
-        if v is not None and len(v.encode("utf-8", "surrogatepass")) > 65535:
-            raise ValueError("at most 65535 bytes (an MQTT string)")
+        raise_problem(None if v is None else _mqtt_string_problem(v))
         return v
 
     @field_validator("password")
     @classmethod
     def _password(cls, v: SecretStr | None) -> SecretStr | None:
-        if v is not None and len(v.get_secret_value().encode("utf-8", "surrogatepass")) > 65535:
-            raise ValueError("at most 65535 bytes (an MQTT string)")
+        raise_problem(None if v is None else _mqtt_string_problem(v.get_secret_value()))
         return v
 
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        problem = host_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(host_problem(v))
         return v
 
     @field_validator("tls", mode="before")

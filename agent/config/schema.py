@@ -14,7 +14,7 @@ from agent.config.model import ModelConfig, dla_problems
 from agent.config.mqtt import MqttConfig
 from agent.config.names import level_problem, name_problem, topic_prefix_problem
 from agent.config.pipeline import PipelineConfig
-from agent.config.strict import ConfigPath, StrictModel
+from agent.config.strict import ConfigPath, StrictModel, raise_problem
 
 
 class TelemetryConfig(StrictModel):
@@ -34,9 +34,7 @@ class HomeAssistantConfig(StrictModel):
     @field_validator("discovery_prefix")
     @classmethod
     def _discovery_prefix(cls, v: str) -> str:
-        problem = topic_prefix_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(topic_prefix_problem(v))
         return v
 
     @field_validator("count_labels")
@@ -62,9 +60,7 @@ class AgentConfig(StrictModel):
     @field_validator("device_id")
     @classmethod
     def _device(cls, v: str) -> str:
-        problem = name_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+        raise_problem(name_problem(v))
         return v
 
     @model_validator(mode="after")

@@ -25,6 +25,13 @@ BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True
 _INT_TEXT = re.compile(r"[-+]?[0-9]{1,30}")
 
 
+def raise_problem(problem: str | None) -> None:
+    """A field validator's end: the problem a `*_problem` check found becomes the ValueError pydantic reports
+    for the field (None: the value stands)."""
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def _scalar_kinds(ann: Any) -> set[type]:
     origin = typing.get_origin(ann)
     if origin is Annotated:
