@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.argtypes import LOG_LEVELS, seconds, whole
-from agent.config import load_config
+from agent.config import AgentConfig, load_config
 from agent.logs import setup_logging
 from engines.precision import REQUESTABLE
 
@@ -105,25 +105,29 @@ def _add_profile(sub: Any) -> None:
     pr.set_defaults(func=cmd_profile)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _configured(args: argparse.Namespace) -> AgentConfig:
+    """The config that -c names, then logging at --log-level."""
     cfg = load_config(args.config)
     setup_logging(args.log_level)
+    return cfg
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = _configured(args)
     from agent.lifecycle.commands import run_check
 
     return run_check(cfg, args.model, args.json)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    setup_logging(args.log_level)
+    cfg = _configured(args)
     from agent.lifecycle.commands import run_rebuild
 
     return run_rebuild(cfg, args.model, args.force, args.precision, args.wait)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    setup_logging(args.log_level)
+    cfg = _configured(args)
     from agent.lifecycle.commands import run_calibrate
 
     folder = Path(args.source) if args.source else None
@@ -131,16 +135,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    setup_logging(args.log_level)
+    cfg = _configured(args)
     from agent.lifecycle.commands import run_validate
 
     return run_validate(cfg, args.model, args.precision, args.method, args.json)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    setup_logging(args.log_level)
+    cfg = _configured(args)
     from agent.lifecycle.profile import run_profile
 
     return run_profile(cfg, args.model, args.precision, args.iterations, args.top, Path(args.out), args.json)
