@@ -50,6 +50,7 @@ from agent.bench.sequential import OVERHEAD_TARGET_MS, overhead_report, stages
 from agent.bench.streams import read_clip
 from agent.bench.summary import summary
 from agent.bench.sweep import against_decode, decode_section, readers_section, sweep
+from agent.bench.workload import Workload
 from engines.runtimes.ort import OrtBackend
 from pipelines.models import ModelSpec, resolve_onnx
 from pipelines.postprocess import load_labels
@@ -91,18 +92,19 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         if "overhead" in opts.sections or "sweep" in opts.sections:
             images = read_clip(opts.clip, max(opts.clip_frames, RECORDED_FRAMES), opts.resolution)
             recorded = [ort.infer(adapter.preprocess([im])[0]) for im in images[:RECORDED_FRAMES]]
+            work = Workload(input_spec, recorded, adapter, labels, images)
             report["resolution"] = f"{images[0].shape[1]}x{images[0].shape[0]}"
         if not (opts.engine == "ort" and "sweep" in opts.sections):
             ort.close()  # its idle thread pool would only compete with (and be counted as) the agent
         if "overhead" in opts.sections:
-            report["overhead_ms"] = overhead_report(opts, input_spec, recorded, adapter, labels, images)
+            report["overhead_ms"] = overhead_report(opts, work)
             report["overhead_target_ms"] = OVERHEAD_TARGET_MS
         if "decode" in opts.sections:
             report["decode_alone"] = decode_section(opts)
         if "sweep" in opts.sections:
             report["engine"] = engine_description(opts)
             bare = ort if opts.engine == "ort" else None
-            report["runs"] = sweep(opts, input_spec, recorded, adapter, labels, images, bare)
+            report["runs"] = sweep(opts, work, bare)
             against_decode(report)
             if opts.flap:
                 report["isolation"] = isolation(report["runs"], opts)

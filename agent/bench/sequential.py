@@ -10,9 +10,9 @@ import numpy as np
 
 from agent.bench.args import BenchOptions
 from agent.bench.stats import pct
+from agent.bench.workload import Workload
 from agent.mqtt.topics import payload
 from agent.results import detection_fields
-from engines.runtimes.base import TensorSpec
 from engines.runtimes.ort import OrtBackend
 from engines.runtimes.replay import ReplayBackend
 from pipelines.frames import Frame
@@ -69,24 +69,18 @@ def stages(opts: BenchOptions, ort: OrtBackend, adapter: ModelAdapter, labels: l
     }
 
 
-def overhead_report(
-    opts: BenchOptions,
-    spec: TensorSpec,
-    recorded: list[dict[str, np.ndarray]],
-    adapter: ModelAdapter,
-    labels: list[str],
-    images: list[np.ndarray],
-) -> dict[str, Any]:
+def overhead_report(opts: BenchOptions, work: Workload) -> dict[str, Any]:
     import cv2
 
     out = {}
+    images = work.images
     sizes = {f"{images[0].shape[1]}x{images[0].shape[0]}": images}
     if "1920x1080" not in sizes:
         sizes["1920x1080"] = [cv2.resize(im, (1920, 1080)) for im in images[:32]]
     for label, imgs in sizes.items():
-        replay = ReplayBackend(spec, recorded)
+        replay = ReplayBackend(work.spec, work.recorded)
         replay.load()
-        out[label] = _overhead(replay, adapter, labels, imgs)
+        out[label] = _overhead(replay, work.adapter, work.labels, imgs)
     return out
 
 

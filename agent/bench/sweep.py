@@ -16,23 +16,16 @@ from agent.bench.isolation import flapping_sources
 from agent.bench.load import RunSpec, measure, measure_readers
 from agent.bench.shards import decode_alone, sharded_point
 from agent.bench.streams import placed_frames, stream_sources
-from engines.runtimes.base import TensorSpec
+from agent.bench.workload import Workload
 from engines.runtimes.ort import OrtBackend
 from pipelines.models import ModelAdapter
 
 
-def sweep(
-    opts: BenchOptions,
-    spec: TensorSpec,
-    recorded: list[dict[str, np.ndarray]],
-    adapter: ModelAdapter,
-    labels: list[str],
-    images: list[np.ndarray],
-    bare: OrtBackend | None,
-) -> list[dict[str, Any]]:
+def sweep(opts: BenchOptions, work: Workload, bare: OrtBackend | None) -> list[dict[str, Any]]:
     """Every --streams x --batch. With ONNX Runtime, its bare loop at the same batch is measured right
     before and right after each run (the machine's load drifts), and the run compared with their mean."""
-    images, keep = placed_frames(opts, images)
+    images, keep = placed_frames(opts, work.images)
+    work = replace(work, images=images)
     runs = []
     with flapping_sources(opts) as variants:
         try:
@@ -50,7 +43,7 @@ def sweep(
                             opts.window_s,
                             opts.flap if extra_url else 0,
                         )
-                        run = _point(opts, run_spec, spec, recorded, adapter, labels, images, bare, extra_url)
+                        run = _point(opts, run_spec, work, bare, extra_url)
                         run["variant"] = variant
                         print(run_line(run), file=sys.stderr, flush=True)
                         runs.append(run)
@@ -61,17 +54,10 @@ def sweep(
 
 
 def _point(
-    opts: BenchOptions,
-    run_spec: RunSpec,
-    spec: TensorSpec,
-    recorded: list[dict[str, np.ndarray]],
-    adapter: ModelAdapter,
-    labels: list[str],
-    images: list[np.ndarray],
-    bare: OrtBackend | None,
-    flap_url: str | None,
+    opts: BenchOptions, run_spec: RunSpec, work: Workload, bare: OrtBackend | None, flap_url: str | None
 ) -> dict[str, Any]:
     """One measured run; with ONNX Runtime, between two runs of its bare loop."""
+    spec, recorded, adapter, labels, images = work.spec, work.recorded, work.adapter, work.labels, work.images
     if opts.shards > 1:
         return sharded_point(opts, run_spec, spec, recorded, labels)
     seconds = max(3.0, opts.duration_s / 3)
