@@ -6,14 +6,13 @@
 Fields are exactly DESIGN.md's "Engine store and manifest". `validation` is null until the
 precision issue adds the accuracy gate. Fields added later (OPTIONAL_BUILD_SPEC: the profiling verbosity
 and the layer-precision summary) are checked where present: manifests written before them still load.
-`build` is a BuildInfo: typed attributes, written back with the keys (and key order) it was read with;
-it also reads as a mapping of its JSON keys (`m.build["plan_sha256"]`), for the readers of the store.
+`build` is a BuildInfo: typed attributes, written back with the keys (and key order) it was read with.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,8 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 
 
-@dataclass(frozen=True, eq=False)
-class BuildInfo(Mapping[str, Any]):
+@dataclass(frozen=True)
+class BuildInfo:
     """The manifest's `build` object (fields: BUILD_SPEC, then OPTIONAL_BUILD_SPEC)."""
 
     onnx_sha256: str
@@ -95,8 +94,6 @@ class BuildInfo(Mapping[str, Any]):
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BuildInfo:
         """From a checked `build` object (manifest_from_dict checks it; a builder writes it whole)."""
-        if isinstance(d, BuildInfo):
-            return d
         known = {k: v for k, v in d.items() if k in _FIELDS}
         extra = {k: v for k, v in d.items() if k not in _FIELDS}
         return cls(**known, extra=extra, key_order=tuple(d))
@@ -116,15 +113,6 @@ class BuildInfo(Mapping[str, Any]):
                 out[name] = getattr(self, name)
         return out
 
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
-
 
 _FIELDS = tuple(f.name for f in fields(BuildInfo) if f.name not in ("extra", "key_order"))
 
@@ -132,12 +120,9 @@ _FIELDS = tuple(f.name for f in fields(BuildInfo) if f.name not in ("extra", "ke
 @dataclass(frozen=True)
 class Manifest:
     fingerprint: dict[str, Any]
-    build: BuildInfo  # a dict is taken too (a builder's record): made a BuildInfo here
+    build: BuildInfo
     validation: dict[str, Any] | None = None
     path: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "build", BuildInfo.from_dict(self.build))
 
     @property
     def key(self) -> str | None:
@@ -211,7 +196,7 @@ def manifest_from_dict(data: Any, where: str | Path = "<memory>", path: Path | N
     validation = data.get("validation")
     if validation is not None and not isinstance(validation, dict):
         raise ManifestError(f"manifest {where}: field 'validation' must be an object or null")
-    return Manifest(data["fingerprint"], data["build"], validation, path)
+    return Manifest(data["fingerprint"], BuildInfo.from_dict(data["build"]), validation, path)
 
 
 def load_manifest(path: Path) -> Manifest:

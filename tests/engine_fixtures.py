@@ -15,7 +15,7 @@ import fake_tensorrt
 
 from engines.build.compat import build_spec
 from engines.fingerprint import Fingerprint
-from engines.manifest import Manifest
+from engines.manifest import BuildInfo, Manifest
 from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.trt import TrtApi
@@ -61,7 +61,8 @@ def store_engine(
         **({} if per_context is None else {"profiles_per_context": per_context}),
         **build,
     }
+    manifest = Manifest(spec.fingerprint.manifest_dict(), BuildInfo.from_dict(record))
     if not lock:
-        return store.write(model, spec.key, plan, Manifest(spec.fingerprint.manifest_dict(), record))
+        return store.write(model, spec.key, plan, manifest)
     with store.lock(model):
-        return store.write(model, spec.key, plan, Manifest(spec.fingerprint.manifest_dict(), record))
+        return store.write(model, spec.key, plan, manifest)

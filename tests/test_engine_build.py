@@ -83,7 +83,7 @@ def store_copy(built, tmp_path) -> EngineStore:
 
 def test_fp32_build_writes_plan_and_complete_manifest(built, fp32_settings, fp):
     root, result, events = built
-    plan_name = f"{result.key}-{result.manifest.build['plan_sha256'][:12]}.plan"  # named by content hash
+    plan_name = f"{result.key}-{result.manifest.build.plan_sha256[:12]}.plan"  # named by content hash
     assert result.built and result.plan_path == root / MODEL / plan_name
     m = load_manifest(root / MODEL / f"{result.key}.json")
     raw = json.loads(m.path.read_text())
@@ -120,7 +120,7 @@ def test_second_build_does_nothing_and_force_rebuilds(store_copy, api, fp, fp32_
     forced = build(store_copy, MODEL, fp32_settings, api=api, fingerprint=fp, force=True)
     assert forced.built and forced.key == built[1].key and "(forced)" in forced.message
     # Timing cache path kept and reloaded, but RTX caches are no-ops: honestly no hit.
-    assert forced.manifest.build["timing_cache"]["hit"] is False
+    assert forced.manifest.build.timing_cache["hit"] is False
     assert check(store_copy, MODEL, fp32_settings, fp).ok
 
 
@@ -129,7 +129,7 @@ def test_fp16_build_and_precision_change_reason(store_copy, api, fp, fp32_settin
     res = check(store_copy, MODEL, fp16, fp)
     assert res.status == "rebuild" and res.reasons == ["precision fp32 -> fp16"]
     out = build(store_copy, MODEL, fp16, api=api, fingerprint=fp)
-    assert out.built and out.manifest.build["precision"] == "fp16"
+    assert out.built and out.manifest.build.precision == "fp16"
     assert out.plan_path.stat().st_size < 0.75 * built[1].plan_path.stat().st_size
     assert check(store_copy, MODEL, fp16, fp).ok
     # The FP32 engine is kept: switching the config back needs no rebuild (rollback).

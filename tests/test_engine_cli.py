@@ -69,19 +69,19 @@ def test_replace_keeps_the_previous_good_plan_and_rollback_swaps(tmp_path: Path)
     assert store.previous("det", "k1") is None
     s1 = put(store, 1)
     prev = store.previous("det", "k1")
-    assert prev is not None and prev.manifest.build["plan_sha256"] == s0
+    assert prev is not None and prev.manifest.build.plan_sha256 == s0
     assert prev.plan.read_bytes() == b"plan-0" and prev.record.name == f"k1-{s0[:12]}.prev"
     # A third build keeps one previous: the plan it replaced (plan-1); plan-0 goes.
     s2 = put(store, 2)
-    assert store.previous("det", "k1").manifest.build["plan_sha256"] == s1
+    assert store.previous("det", "k1").manifest.build.plan_sha256 == s1
     assert listing(store) == sorted(
         [f"k1-{s1[:12]}.plan", f"k1-{s1[:12]}.prev", f"k1-{s2[:12]}.plan", "k1.json"]
     )
 
     with store.lock("det"):
         now, prev = store.rollback("det", "k1")
-    assert now.build["plan_sha256"] == s1 and store.read_plan("det", "k1") == b"plan-1"
-    assert prev is not None and prev.manifest.build["plan_sha256"] == s2  # the same call rolls forward
+    assert now.build.plan_sha256 == s1 and store.read_plan("det", "k1") == b"plan-1"
+    assert prev is not None and prev.manifest.build.plan_sha256 == s2  # the same call rolls forward
     assert [m.key for m in store.entries("det")] == ["k1"]
     with store.lock("det"):
         store.rollback("det", "k1")
@@ -153,8 +153,8 @@ def test_interrupted_write_or_rollback_keeps_one_serving_one_kept(tmp_path: Path
         assert len(list(store.model_dir("det").glob("*.prev"))) == 2
         serving, kept = s0, s1
     monkeypatch.undo()
-    assert store.manifest("det", "k1").build["plan_sha256"] == serving
-    assert store.previous("det", "k1").manifest.build["plan_sha256"] == kept
+    assert store.manifest("det", "k1").build.plan_sha256 == serving
+    assert store.previous("det", "k1").manifest.build.plan_sha256 == kept
     with store.lock("det"):
         store.clean_stale("det")
     assert sorted(listing(store)) == sorted(
@@ -561,7 +561,7 @@ mqtt: {{host: 127.0.0.1, port: {mqtt_broker.port}}}
         return lambda m: bool(states(m)) and states(m)[-1].get("plan_sha256") == sha
 
     store = EngineStore(tmp_path / "engines", check_writable=False)
-    second = store.entries("detector")[0].build["plan_sha256"]
+    second = store.entries("detector")[0].build.plan_sha256
     wait(sub, serving(second), 30, agent, "the rebuilt plan adopted")
     rolled = run_cli("engines", "rollback", "detector", "-c", str(config), "--wait", "30", timeout=60)
     assert rolled.returncode == 0, rolled.stderr

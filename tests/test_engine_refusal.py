@@ -141,7 +141,7 @@ class Daemon:
     def manifest(self) -> dict[str, Any]:
         m = self.store.manifest(MODEL, self.key)
         assert m is not None
-        return m.build
+        return m.build.to_dict()
 
     @property
     def key(self) -> str:
@@ -321,7 +321,7 @@ def test_check_says_rebuild_while_the_refusal_matches_this_device(tmp_path: Path
     settings = ModelContext.from_config(load_config(write_config(tmp_path)), MODEL).build_settings("fp32")
     m = store_engine(store, MODEL, settings, fp)
     assert m.key is not None
-    sha = m.build["plan_sha256"]
+    sha = m.build.plan_sha256
     assert check(store, MODEL, settings, fp).ok
 
     with store.lock(MODEL):
@@ -329,8 +329,7 @@ def test_check_says_rebuild_while_the_refusal_matches_this_device(tmp_path: Path
             MODEL, m.key, sha, refusal_record(fp, "Version tag does not match", sha)
         )
     assert (
-        written is not None
-        and load_manifest(store.manifest_path(MODEL, m.key)).build["refused_at_load"]["at"]
+        written is not None and load_manifest(store.manifest_path(MODEL, m.key)).build.refused_at_load["at"]
     )
     result = check(store, MODEL, settings, fp)
     assert result.status == "rebuild"

@@ -14,7 +14,7 @@ import pytest
 
 from engines.errors import BuildLockedError, ManifestError, StoreError
 from engines.fingerprint import DEFAULT_TARGET_CC, parse_nv_tegra_release, probe_fingerprint, probe_l4t
-from engines.manifest import SCHEMA, Manifest, load_manifest
+from engines.manifest import SCHEMA, BuildInfo, Manifest, load_manifest
 from engines.settings import BuildSettings, Shapes, onnx_input_shapes, resolve_profiles
 from engines.store import EngineStore
 from engines.store.fsutil import atomic_write_bytes, remove_stale_temps
@@ -52,7 +52,7 @@ def sample_manifest(**build_overrides: object) -> Manifest:
         "plan_sha256": "cd" * 32,
     }
     build.update(build_overrides)
-    return Manifest(fp, build, None)
+    return Manifest(fp, BuildInfo.from_dict(build), None)
 
 
 # --- fingerprint ----------------------------------------------------------------------------
@@ -96,9 +96,7 @@ def test_manifest_roundtrip_and_errors_name_path_and_field(tmp_path):
     path = tmp_path / "k.json"
     path.write_text(sample_manifest().to_json())
     m = load_manifest(path)
-    assert (
-        m.key == "k" and m.build["precision"] == "fp16" and json.loads(path.read_text())["schema"] == SCHEMA
-    )
+    assert m.key == "k" and m.build.precision == "fp16" and json.loads(path.read_text())["schema"] == SCHEMA
 
     data = json.loads(path.read_text())
     data["schema"] = "edge-agent/engine-manifest/0"

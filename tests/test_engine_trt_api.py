@@ -54,12 +54,12 @@ def test_weakly_typed_tensorrt10_fp16_uses_builder_flag(tmp_path):
     assert (
         ("Building engine", 2, 2) in events and events[0] == ("parse", 0, 1) and events[-1] == ("save", 1, 1)
     )
-    assert result.manifest.fingerprint["gpu_name"] == "Orin" and result.manifest.build["precision"] == "fp16"
-    assert result.manifest.build["timing_cache"]["hit"] is False
+    assert result.manifest.fingerprint["gpu_name"] == "Orin" and result.manifest.build.precision == "fp16"
+    assert result.manifest.build.timing_cache["hit"] is False
     # The saved timing cache (merged, atomically) is loaded by the next build: a real hit.
     _, _, again, _, _ = fake_build(tmp_path, mod, precision="fp16", optimization_level=5)
-    assert again.manifest.build["timing_cache"]["hit"] is True
-    assert Path(again.manifest.build["timing_cache"]["path"]).read_bytes() == b"trt10.3.0;conv1,conv2"
+    assert again.manifest.build.timing_cache["hit"] is True
+    assert Path(again.manifest.build.timing_cache["path"]).read_bytes() == b"trt10.3.0;conv1,conv2"
 
 
 def test_strongly_typed_tensorrt11_fp16_converts_the_onnx(tmp_path):
@@ -170,6 +170,7 @@ def test_tensorrt_backend_load_with_fake(tmp_path):
 
 def test_tensorrt_backend_refused_plan(tmp_path):
     import hashlib
+    from dataclasses import replace
 
     from engines.manifest import Manifest
 
@@ -183,7 +184,7 @@ def test_tensorrt_backend_refused_plan(tmp_path):
         "det",
         "k",
         plan,
-        Manifest(m.fingerprint, {**m.build, "plan_sha256": hashlib.sha256(plan).hexdigest()}),
+        Manifest(m.fingerprint, replace(m.build, plan_sha256=hashlib.sha256(plan).hexdigest())),
     )
     with pytest.raises(
         BackendError,

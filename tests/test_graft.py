@@ -317,4 +317,4 @@ def test_tensorrt_rtx_builds_the_default_graft(tmp_path: Path) -> None:
     )
     assert result.built and result.manifest is not None
     assert result.plan_path.stat().st_size > 0
-    assert result.manifest.build["layers"]["total"] > 0
+    assert result.manifest.build.layers["total"] > 0

@@ -137,8 +137,8 @@ def rtx_store(tmp_path_factory, rtx):
 
 def test_rtx_fp16_builds_smaller_than_fp32(rtx_store, rtx):
     store, fp32, fp16 = rtx_store
-    assert fp16.built and fp16.manifest.build["precision"] == "fp16"
-    assert fp16.manifest.build["calibration"] is None  # only int8 carries a calibration record
+    assert fp16.built and fp16.manifest.build.precision == "fp16"
+    assert fp16.manifest.build.calibration is None  # only int8 carries a calibration record
     assert fp16.plan_path.stat().st_size < 0.75 * fp32.plan_path.stat().st_size
     # Calibration settings do not touch fp16 engines (same key, still up to date).
     same = BuildSettings(onnx=NANODET, precision="fp16", calibration=CAL)
@@ -183,9 +183,9 @@ def test_rtx_int8_folded_qdq_builds_and_records_calibration(rtx_store, rtx, qdq,
     settings = BuildSettings(onnx=NANODET, precision="int8", qdq_onnx=folded, calibration=CAL)
     res = build(store, MODEL, settings, api=api, fingerprint=fp)
     b = res.manifest.build
-    assert res.built and b["precision"] == "int8"
-    assert b["onnx_sha256"] == sha256_file(NANODET)  # the source ONNX, not the Q/DQ copy
-    assert b["calibration"] == {**CAL, "cache_sha256": sha256_file(folded)}
+    assert res.built and b.precision == "int8"
+    assert b.onnx_sha256 == sha256_file(NANODET)  # the source ONNX, not the Q/DQ copy
+    assert b.calibration == {**CAL, "cache_sha256": sha256_file(folded)}
     assert res.plan_path.stat().st_size < 0.75 * fp32.plan_path.stat().st_size
     assert check(store, MODEL, settings, fp).ok
 
@@ -375,7 +375,7 @@ def test_weakly_typed_int8_build_flags_calibrator_and_layer_constraints(tmp_path
 
     calib = store.calib_path(MODEL, res.key)
     assert calib.read_bytes() == b"FAKE-CALIB-8-batches"
-    assert res.manifest.build["calibration"] == {**CAL, "cache_sha256": sha256_file(calib)}
+    assert res.manifest.build.calibration == {**CAL, "cache_sha256": sha256_file(calib)}
     assert check(store, MODEL, settings, fp_for(api)).ok
 
     # Rebuild (forced): the cache matches -> read, no batches needed, no device memory touched.
@@ -383,7 +383,7 @@ def test_weakly_typed_int8_build_flags_calibrator_and_layer_constraints(tmp_path
     _, _, _, again, _ = fake_int8_build(tmp_path, mod, batches=None, allocator=alloc2)
     assert ("calib_cache_read", b"FAKE-CALIB-8-batches") in mod.calls and not alloc2.buffers
     assert not [c for c in mod.calls if c[0] == "calib_batch"]
-    assert again.key == res.key and again.manifest.build["calibration"] == res.manifest.build["calibration"]
+    assert again.key == res.key and again.manifest.build.calibration == res.manifest.build.calibration
 
     # Other samples: other key, the old cache ignored, recalibrated; check names the reason.
     other = BuildSettings(onnx=NANODET, precision="int8", calibration={"method": "entropy", "samples": 4})
@@ -412,7 +412,7 @@ def test_weakly_typed_int8_options_and_fallbacks(tmp_path):
     assert kept == dict.fromkeys(
         ["head/cls/Conv", "head/cls/Sigmoid", "head/cls/Reshape"], mod.DataType.FLOAT
     )
-    assert res.manifest.build["calibration"]["quantile"] == 0.9999
+    assert res.manifest.build.calibration["quantile"] == 0.9999
     # Pre-8.2 TensorRT: STRICT_TYPES is the only way to make layer precisions binding.
     old = fake_tensorrt.make("8.0.0", int8=True, constraint_flags=("STRICT_TYPES",))
     _, _, _, _, config = fake_int8_build(tmp_path / "old", old, batches=batches_of(8))
@@ -472,7 +472,7 @@ def test_int8_from_qdq_and_npy_data_and_without_int8_support(tmp_path):
     _, _, _, res, config = fake_int8_build(tmp_path / "w", weak, qdq_onnx=qdq, calibration=cal)
     assert set(config.flags_set) == {weak.BuilderFlag.INT8, weak.BuilderFlag.FP16}
     assert config.int8_calibrator is None and ("parse", "file", str(qdq)) in weak.calls
-    assert res.manifest.build["calibration"] == cal
+    assert res.manifest.build.calibration == cal
     # Strongly typed (TensorRT 11) + Q/DQ: no precision flags at all.
     strong = fake_tensorrt.make("11.0.0", weak=False, explicit_batch=False, int8=True)
     _, _, _, res, config = fake_int8_build(tmp_path / "s", strong, qdq_onnx=qdq, calibration=cal)

@@ -36,7 +36,7 @@ class fake_engine_backend(OrtBackend):
 
     def __init__(self, store: Any, model: str, key: str, **_: Any) -> None:
         manifest = store.manifest(model, key)
-        self.engine_precision = manifest.build["precision"]
+        self.engine_precision = manifest.build.precision
         fake_engine_backend.built.append(self.engine_precision)
         super().__init__(
             str(MODEL), precision=self.engine_precision if self.engine_precision == "fp32" else "fp32"

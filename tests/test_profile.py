@@ -384,10 +384,10 @@ def test_manifest_layer_fields_are_optional_and_checked() -> None:
         "validation": None,
     }  # fmt: skip
     old = manifest_from_dict(base)  # written before the profiling fields existed
-    assert "layers" not in old.build
+    assert "layers" not in old.build.to_dict()
     layers = {"total": 2, "precisions": {"FP32": 1, "FP16": 0, "INT8": 1}, "source": "build_log"}
     new = {**base, "build": {**base["build"], "profiling_verbosity": "detailed", "layers": layers}}
-    assert manifest_from_dict(new).build["layers"] == layers
+    assert manifest_from_dict(new).build.layers == layers
     bad = {**base, "build": {**base["build"], "layers": {**layers, "total": 5}}}
     with pytest.raises(
         ManifestError, match=r"manifest m.json: field 'build.layers' 'precisions' add up to 2"

@@ -125,7 +125,7 @@ def current(store: EngineStore) -> tuple[str, str]:
     assert m.key is not None
     data = store.read_plan(MODEL, m.key)  # sha256 verified
     assert len(data) > 1_000_000
-    return m.key, m.build["plan_sha256"]
+    return m.key, m.build.plan_sha256
 
 
 def assert_serves(store: EngineStore, settings: BuildSettings, fp, key: str, sha: str) -> None:
@@ -161,12 +161,12 @@ def assert_clean_after_next_build(store: EngineStore, settings: BuildSettings, f
     assert (
         previous is not None
         and previous.plan == before
-        and sha256_file(before) == previous.manifest.build["plan_sha256"]
+        and sha256_file(before) == previous.manifest.build.plan_sha256
     )
     assert sorted(p.name for p in store.model_dir(MODEL).glob("*.plan")) == sorted(
         [res.plan_path.name, before.name]
     )
-    assert_serves(store, settings, fp, res.key, res.manifest.build["plan_sha256"])
+    assert_serves(store, settings, fp, res.key, res.manifest.build.plan_sha256)
 
 
 # --- an exception between plan and manifest --------------------------------------------------
@@ -262,7 +262,7 @@ def test_legacy_layout_reads_and_rebuild_moves_to_hashed_name(tmp_path, template
     previous = store.previous(MODEL, key)
     assert previous is not None and previous.plan == d / f"{key}.plan"
     with store.lock(MODEL):
-        assert store.rollback(MODEL, key)[0].build["plan_sha256"] == sha  # the legacy plan serves again
+        assert store.rollback(MODEL, key)[0].build.plan_sha256 == sha  # the legacy plan serves again
         assert store.plan_path(MODEL, key) == d / f"{key}.plan" and current(store) == (key, sha)
         store.rollback(MODEL, key)
         store.prune_previous(MODEL)
@@ -434,7 +434,7 @@ def kill_trials(store: EngineStore, argv: list[str], trials: int, settings, fp, 
     full, save_s = timing["run_s"], max(0.02, timing["run_s"] - timing["save_at_s"])
     report = []
     for i in range(trials):
-        before = {m.build["plan_sha256"] for m in store.entries(MODEL)}
+        before = {m.build.plan_sha256 for m in store.entries(MODEL)}
         if i % 2 == 0:
             run = run_and_kill(argv, delay=rng.uniform(0, full))
         else:

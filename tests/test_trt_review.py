@@ -106,9 +106,7 @@ def test_skipped_calibration_fails_the_build(tmp_path):
     _, _, res, _ = fake_build(
         tmp_path, mod, tiny_onnx(tmp_path / "m.onnx"), data=batches(4), precision="int8", calibration=CAL
     )
-    assert (
-        res.manifest.build["int8"]["batches_fed"] == 4 and res.manifest.build["int8"]["cache_read"] is False
-    )
+    assert res.manifest.build.int8["batches_fed"] == 4 and res.manifest.build.int8["cache_read"] is False
 
 
 def test_island_is_calibrated_without_its_tail_and_the_full_build_reads_the_cache(tmp_path):
@@ -128,7 +126,7 @@ def test_island_is_calibrated_without_its_tail_and_the_full_build_reads_the_cach
     read = [i for i, c in enumerate(mod.calls) if c[0] == "calib_cache_read"]
     second_build = mod.calls.index(("build", builds[1]))
     assert len(fed) == 4 and all(i < second_build for i in fed) and read and read[0] > second_build
-    int8 = res.manifest.build["int8"]
+    int8 = res.manifest.build.int8
     assert (
         int8["calibrated_graph"] == "without_fp32_island" and int8["batches_fed"] == 4 and int8["cache_read"]
     )
@@ -137,7 +135,7 @@ def test_island_is_calibrated_without_its_tail_and_the_full_build_reads_the_cach
     assert layers["keep_fp32/Greater"].precision == mod.DataType.FLOAT
     assert layers["keep_fp32/Greater"].output_types == {}  # its BOOL output keeps its type
     # And the engine has INT8 layers, counted from the inspector of the deserialised plan.
-    assert int8["int8_layers"] == res.manifest.build["layers"]["precisions"]["INT8"] > 0
+    assert int8["int8_layers"] == res.manifest.build.layers["precisions"]["INT8"] > 0
 
 
 def test_island_graph_on_tensorrt_8_0_is_refused_not_recorded_as_int8(tmp_path):
@@ -229,20 +227,20 @@ def test_timing_cache_of_another_version_is_not_a_hit(tmp_path, caplog):
     mod = fake_tensorrt.make("10.3.0")
     onnx_path = tiny_onnx(tmp_path / "m.onnx")
     _api, _store, res, _ = fake_build(tmp_path, mod, onnx_path)
-    cache = Path(res.manifest.build["timing_cache"]["path"])
-    assert res.manifest.build["timing_cache"]["status"] == "empty"
+    cache = Path(res.manifest.build.timing_cache["path"])
+    assert res.manifest.build.timing_cache["status"] == "empty"
     _, _, again, _ = fake_build(tmp_path, mod, onnx_path)
-    assert again.manifest.build["timing_cache"] == {**again.manifest.build["timing_cache"], "hit": True}
-    assert again.manifest.build["timing_cache"]["status"] == "loaded"
+    assert again.manifest.build.timing_cache == {**again.manifest.build.timing_cache, "hit": True}
+    assert again.manifest.build.timing_cache["status"] == "loaded"
     cache.write_bytes(b"trt10.0.0;conv1,conv2")  # a cache another TensorRT made, under this cache's name
     with caplog.at_level(logging.WARNING, logger="engines.trt"):
         _, _, mismatched, _ = fake_build(tmp_path, mod, onnx_path)
-    tc = mismatched.manifest.build["timing_cache"]
+    tc = mismatched.manifest.build.timing_cache
     assert tc["hit"] is False and tc["status"] == "mismatch"
     assert "refused the saved timing cache" in caplog.text
     cache.write_bytes(b"\x00garbage")
     _, _, unreadable, _ = fake_build(tmp_path, mod, onnx_path)
-    assert unreadable.manifest.build["timing_cache"]["status"] == "unreadable"
+    assert unreadable.manifest.build.timing_cache["status"] == "unreadable"
 
 
 def test_refused_profile_fails_the_build_naming_it(tmp_path):
@@ -297,7 +295,7 @@ def test_dla_refuses_fp32_and_dynamic_shapes_and_counts_layers(tmp_path):
     _, _, res, _ = fake_build(
         tmp_path, mod, tiny_onnx(tmp_path / "m.onnx"), fp=fp, dla_core=1, precision="fp16"
     )
-    dla = res.manifest.build["dla"]
+    dla = res.manifest.build.dla
     net = mod.last_network.layers
     on_dla = sum(layer.type.name in fake_tensorrt.DLA_LAYER_TYPES for layer in net)
     assert dla == {
@@ -335,10 +333,10 @@ def test_fp32_builds_disallow_tf32_reduced_ones_leave_it(tmp_path):
     mod = fake_tensorrt.make("10.3.0")
     mod_flags = mod.BuilderFlag
     _, _, res, builds = fake_build(tmp_path, mod, tiny_onnx(tmp_path / "m.onnx"))
-    assert res.manifest.build["tf32"] is False
+    assert res.manifest.build.tf32 is False
     assert ("clear_flag", mod_flags.TF32) in builds[-1].cleared
     _, _, res16, builds = fake_build(tmp_path, mod, tiny_onnx(tmp_path / "m.onnx"), precision="fp16")
-    assert res16.manifest.build["tf32"] is None and not builds[-1].cleared
+    assert res16.manifest.build.tf32 is None and not builds[-1].cleared
 
 
 # --- 6. DLA refusals are config errors naming the key ---------------------------------------------

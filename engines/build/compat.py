@@ -170,18 +170,18 @@ def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
         reasons.append(f"platform {old['platform']} -> {new['platform']}")
     if old["dla_core"] != new["dla_core"]:
         reasons.append(f"DLA core {old['dla_core']} -> {new['dla_core']}")
-    if b["onnx_sha256"] != spec.onnx_sha256:
+    if b.onnx_sha256 != spec.onnx_sha256:
         reasons.append("ONNX changed")
-    if b["precision"] != spec.precision:
-        reasons.append(f"precision {b['precision']} -> {spec.precision}")
-    if b["profiles"] != spec.profiles:
+    if b.precision != spec.precision:
+        reasons.append(f"precision {b.precision} -> {spec.precision}")
+    if b.profiles != spec.profiles:
         reasons.append("profiles changed")
-    if b["workspace_bytes"] != spec.workspace_bytes:
-        reasons.append(f"workspace {b['workspace_bytes']} -> {spec.workspace_bytes} bytes")
-    if b["optimization_level"] != spec.optimization_level:
-        reasons.append(f"optimization level {b['optimization_level']} -> {spec.optimization_level}")
+    if b.workspace_bytes != spec.workspace_bytes:
+        reasons.append(f"workspace {b.workspace_bytes} -> {spec.workspace_bytes} bytes")
+    if b.optimization_level != spec.optimization_level:
+        reasons.append(f"optimization level {b.optimization_level} -> {spec.optimization_level}")
     # After a precision change the calibration differs by definition: one reason is enough.
-    if b["precision"] == spec.precision and calibration_changed(b["calibration"], spec.calibration):
+    if b.precision == spec.precision and calibration_changed(b.calibration, spec.calibration):
         reasons.append("calibration changed")
     return reasons
 
@@ -206,8 +206,8 @@ def refusals(manifest: Manifest, fingerprint: Fingerprint) -> int:
     `manifest`'s record of its plan: 0 when it has none, or one of another device (the record's
     fingerprint is the live one field for field: after a driver, CUDA or TensorRT update the plan gets
     another chance)."""
-    record = manifest.build.get("refused_at_load")
-    if not isinstance(record, dict) or record.get("plan_sha256") != manifest.build["plan_sha256"]:
+    record = manifest.build.refused_at_load
+    if not isinstance(record, dict) or record.get("plan_sha256") != manifest.build.plan_sha256:
         return 0
     if record.get("fingerprint") != fingerprint.manifest_dict():
         return 0
@@ -222,7 +222,7 @@ def load_refusal(manifest: Manifest, fingerprint: Fingerprint) -> str | None:
     if not n:
         return None
     in_a_row = f" ({n} plans in a row)" if n >= 2 else ""
-    error = manifest.build["refused_at_load"].get("error") or "no reason given"
+    error = (manifest.build.refused_at_load or {}).get("error") or "no reason given"
     return f"TensorRT refused this plan at load{in_a_row}: {error}"
 
 

@@ -70,7 +70,7 @@ class TensorRTBackend(Backend):
                 manifest = store.manifest(model, key)
             except EngineError:  # reported by load(), which reads the manifest again
                 manifest = None
-            precision = manifest.build["precision"] if manifest else "fp32"
+            precision = manifest.build.precision if manifest else "fp32"
         super().__init__(precision)
         self.store, self.model, self.key = store, model, key
         self._api = api
@@ -108,11 +108,11 @@ class TensorRTBackend(Backend):
             plan = self.store.read_plan(self.model, self.key)  # sha256 verified before TensorRT sees it
         except EngineError as e:
             raise BackendError(f"{api.flavor}: {e}") from e
-        built = manifest.build if manifest is not None else {}
+        built = manifest.build if manifest is not None else None
         dla_core = manifest.fingerprint.get("dla_core") if manifest is not None else None
         runtime, engine = self._deserialize(api, plan, dla_core)
         io, specs = self._io_specs(api, engine)
-        per_context = built.get("profiles_per_context")
+        per_context = built.profiles_per_context if built is not None else None
         if per_context is None:
             log.warning(
                 "%s: manifest %s has no build.profiles_per_context (built before it was recorded); "
@@ -128,7 +128,7 @@ class TensorRTBackend(Backend):
         except EngineError as e:  # CUDA out of memory and friends, naming the call
             raise BackendError(f"{api.flavor}: cannot set up execution for {self.plan_path}: {e}") from e
         self._lower_nvtx(api, pool)
-        self._built_verbosity = built.get("profiling_verbosity")
+        self._built_verbosity = built.profiling_verbosity if built is not None else None
         # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
         self._runtime, self._engine, self._pool, self._io = runtime, engine, pool, io
 

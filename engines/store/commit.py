@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from engines.errors import ManifestError, StoreError
@@ -26,10 +27,10 @@ class EngineStore(StoreCleanup):
         manifest are both on disk. StoreError (path and OS reason) leaves the previous engine current."""
         d = self.model_dir(model)
         sha = hashlib.sha256(plan).hexdigest()
-        if manifest.build["plan_sha256"] != sha:
+        if manifest.build.plan_sha256 != sha:
             raise StoreError(
                 f"manifest of engine {key} of model {model!r} says plan_sha256 "
-                f"{manifest.build['plan_sha256']}, but the plan's is {sha}"
+                f"{manifest.build.plan_sha256}, but the plan's is {sha}"
             )
         plan_path = d / plan_file_name(key, sha)
         try:
@@ -68,9 +69,9 @@ class EngineStore(StoreCleanup):
         """Step 2: the manifest being replaced is kept as the previous plan's record (rollback): a good plan
         only (intact, not refused by TensorRT at load); otherwise an older previous stays. Its path, or None
         when none was written."""
-        if old is None or old.build["plan_sha256"] == sha or not self._good(model, old):
+        if old is None or old.build.plan_sha256 == sha or not self._good(model, old):
             return None
-        record = self.previous_path(model, key, old.build["plan_sha256"])
+        record = self.previous_path(model, key, old.build.plan_sha256)
         try:
             atomic_write_bytes(record, old.to_json().encode())
         except OSError as e:  # the new engine matters more; its previous is not kept
@@ -97,7 +98,7 @@ class EngineStore(StoreCleanup):
 
     def _good(self, model: str, manifest: Manifest) -> bool:
         """A plan worth keeping for rollback: it verifies and TensorRT never refused it at load."""
-        if manifest.build.get("refused_at_load"):
+        if manifest.build.refused_at_load:
             return False
         bad = self.verify_plan(model, manifest)
         if bad:
@@ -114,7 +115,7 @@ class EngineStore(StoreCleanup):
             current = self.manifest(model, key)
         except ManifestError:
             current = None
-        if current is not None and current.build["plan_sha256"] == sha:
+        if current is not None and current.build.plan_sha256 == sha:
             return
         with contextlib.suppress(OSError):  # best effort: never listed; the next clean_stale removes it
             plan_path.unlink(missing_ok=True)
@@ -136,11 +137,12 @@ class EngineStore(StoreCleanup):
         lock. Returns None, writing nothing, when the manifest no longer points at that plan: a rebuild
         replaced it meanwhile, and its new plan has not been refused."""
         m = self.manifest(model, key)
-        if m is None or m.build["plan_sha256"] != plan_sha256:
+        if m is None or m.build.plan_sha256 != plan_sha256:
             return None
-        build = {k: v for k, v in m.build.items() if k != "refused_at_load"}
+        # Cleared first: a new record is written last in `build`, where a rebuild's manifest lacks it.
+        build = m.build.without("refused_at_load")
         if record is not None:
-            build["refused_at_load"] = record
+            build = replace(build, refused_at_load=record)
         return self._rewrite_manifest(model, key, Manifest(m.fingerprint, build, m.validation, m.path))
 
     def _rewrite_manifest(self, model: str, key: str, updated: Manifest) -> Manifest:
@@ -177,7 +179,7 @@ class EngineStore(StoreCleanup):
             # 1. The current plan is recorded as previous; 2. the commit point: the previous manifest
             # replaces `{key}.json` in one rename (the engine watcher of a running daemon notices it).
             atomic_write_bytes(
-                self.previous_path(model, key, current.build["plan_sha256"]), current.to_json().encode()
+                self.previous_path(model, key, current.build.plan_sha256), current.to_json().encode()
             )
             atomic_write_bytes(path, prev.manifest.to_json().encode())
         except OSError as e:
@@ -204,7 +206,7 @@ class EngineStore(StoreCleanup):
                 f"{manifest_file}: not an engine manifest (<key>.json of a store's model folder)"
             )
         mine = self.manifest(model, key)
-        if mine is not None and mine.build.get("plan_sha256") == m.build.get("plan_sha256"):
+        if mine is not None and mine.build.plan_sha256 == m.build.plan_sha256:
             return key, False
         plan = source.read_plan(src_model, key)  # verified against its manifest's sha256
         with self.lock(model, wait_s=30.0, command="import engine_file"):

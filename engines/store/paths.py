@@ -98,7 +98,7 @@ class StorePaths:
 
     def _plan_for(self, model: str, key: str, manifest: Manifest) -> Path:
         d = self.model_dir(model)
-        hashed = d / plan_file_name(key, manifest.build["plan_sha256"])
+        hashed = d / plan_file_name(key, manifest.build.plan_sha256)
         if not hashed.exists():
             legacy = d / f"{key}.plan"
             if legacy.exists():

@@ -51,7 +51,7 @@ class StoreReader(StorePaths):
                 mtime = m.path.stat().st_mtime
             except FileNotFoundError:  # pruned since the scan
                 continue
-            found.append((m.build["built_at"], mtime, m))
+            found.append((m.build.built_at, mtime, m))
         found.sort(key=lambda t: (t[0], t[1]), reverse=True)
         return [m for *_, m in found]
 
@@ -113,7 +113,7 @@ class StoreReader(StorePaths):
         if not path.exists():
             return False, None
         try:
-            return True, load_manifest(path).build["plan_sha256"]
+            return True, load_manifest(path).build.plan_sha256
         except ManifestError:
             return True, None
 
@@ -137,7 +137,7 @@ class StoreReader(StorePaths):
             for r in records:
                 if r.manifest is None:
                     live.append(r)  # unreadable (newer schema?): kept, with its plan, until pruned
-                elif r.manifest.build["plan_sha256"] == current or (
+                elif r.manifest.build.plan_sha256 == current or (
                     not self._plan_for(model, k, r.manifest).is_file()
                 ):
                     dangling.append(r)
@@ -150,7 +150,7 @@ class StoreReader(StorePaths):
                     mtime = r.path.stat().st_mtime
                 except OSError:
                     mtime = 0.0
-                return (r.manifest.build["built_at"], mtime)
+                return (r.manifest.build.built_at, mtime)
 
             candidates.sort(key=newest, reverse=True)
             live += candidates[:1]
@@ -169,7 +169,7 @@ class StoreReader(StorePaths):
         else the reason it cannot be used."""
         plan = plan if plan is not None else self.plan_path_for(model, manifest)
         try:
-            if sha256_file(plan) != manifest.build["plan_sha256"]:
+            if sha256_file(plan) != manifest.build.plan_sha256:
                 return "plan corrupted (sha256 mismatch)"
         except FileNotFoundError:
             return f"plan {plan} is missing"
@@ -193,7 +193,7 @@ class StoreReader(StorePaths):
                 # A rebuild of this key may have switched the manifest and deleted the plan we were
                 # about to read: follow the new manifest (a few times), else report the missing plan.
                 now = self.manifest(model, key)
-                if now is not None and now.build["plan_sha256"] != m.build["plan_sha256"]:
+                if now is not None and now.build.plan_sha256 != m.build.plan_sha256:
                     m = now
                     continue
                 raise StoreError(f"cannot read plan {plan}: {os_reason(e)}") from e
@@ -202,7 +202,7 @@ class StoreReader(StorePaths):
         else:
             raise StoreError(f"plan of engine {key} of model {model!r} kept changing while being read")
         # Hash what we loaded (not the file again): the bytes handed to TensorRT are the verified ones.
-        if hashlib.sha256(data).hexdigest() != m.build["plan_sha256"]:
+        if hashlib.sha256(data).hexdigest() != m.build.plan_sha256:
             raise StoreError(f"plan {plan} is corrupted (sha256 mismatch with {m.path})")
         return data
 

@@ -53,8 +53,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(describe(store, model, key, m, plan, state, record))
         if not args.previous and prev is not None:
             print(
-                f"  previous    {prev.plan} built {when(prev.manifest.build['built_at'])} "
-                f"({prev.manifest.build['precision']}): "
+                f"  previous    {prev.plan} built {when(prev.manifest.build.built_at)} "
+                f"({prev.manifest.build.precision}): "
                 f"`edge-agent engines rollback {model} {key}` makes it current"
             )
         return 0
@@ -75,11 +75,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             now, prev = store.rollback(model, key)
         print(
             f"{model}: engine {key} rolled back: plan {store.plan_path_for(model, now).name} "
-            f"(built {when(now.build['built_at'])}, {now.build['precision']}) is current"
+            f"(built {when(now.build.built_at)}, {now.build.precision}) is current"
         )
         if prev is not None:
             print(
-                f"{model}: plan {prev.plan.name} (built {when(prev.manifest.build['built_at'])}) is kept as "
+                f"{model}: plan {prev.plan.name} (built {when(prev.manifest.build.built_at)}) is kept as "
                 f"previous: the same command rolls forward"
             )
         print(

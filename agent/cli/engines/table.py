@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.engines.store import model_in
-from engines.manifest import Manifest
+from engines.manifest import BuildInfo, Manifest
 from engines.store import EngineStore
 
 
@@ -56,15 +56,15 @@ def _row(
         "key": key,
         "state": state,
         "newest_key": newest,
-        "precision": b.get("precision"),
+        "precision": b.precision,
         "trt_flavor": fp.get("trt_flavor"),
         "trt_version": fp.get("trt_version"),
         "gpu_name": fp.get("gpu_name"),
         "compute_capability": fp.get("compute_capability"),
         "dla_core": fp.get("dla_core"),
         "size_bytes": size_of(plan),
-        "built_at": b.get("built_at"),
-        "plan_sha256": b.get("plan_sha256"),
+        "built_at": b.built_at,
+        "plan_sha256": b.plan_sha256,
         "validation": {k: v.get(k) for k in ("metric", "value", "threshold", "passed")} if v else None,
         "plan": str(plan),
         "manifest": str(manifest),
@@ -121,21 +121,20 @@ def describe(
         f"{model} / {key} ({state})",
         f"  manifest    {record}",
         f"  plan        {plan} ({mb(size_of(plan))}, " + ("sha256 verified)" if bad is None else f"{bad})"),
-        f"  built       {when(b['built_at'])} in {b['build_s']} s by edge-agent {b['agent_version']}",
+        f"  built       {when(b.built_at)} in {b.build_s} s by edge-agent {b.agent_version}",
         f"  TensorRT    {trt(fp)} on GPU {gpu(fp)}, {fp.get('platform')}, CUDA driver "
         f"{fp.get('cuda_driver') or '-'}, runtime {fp.get('cuda_runtime') or '-'}"
         + (f", L4T {fp['l4t']}" if fp.get("l4t") else ""),
-        f"  precision   {b['precision']}"
+        f"  precision   {b.precision}"
         + (
-            f" (calibration {b['calibration'].get('method')}, {b['calibration'].get('samples')} samples)"
-            if b.get("calibration")
+            f" (calibration {b.calibration.get('method')}, {b.calibration.get('samples')} samples)"
+            if b.calibration
             else ""
         ),
         f"  profiles    {_profiles(b)}",
-        f"  workspace   {(b.get('workspace_bytes') or 0) >> 20} MiB, "
-        f"optimization level {b.get('optimization_level')}",
+        f"  workspace   {(b.workspace_bytes or 0) >> 20} MiB, optimization level {b.optimization_level}",
     ]
-    layers = b.get("layers")
+    layers = b.layers
     if layers:
         counts = ", ".join(f"{p} {n}" for p, n in layers["precisions"].items() if n)
         lines.append(f"  layers      {layers['total']} ({counts})")
@@ -146,7 +145,7 @@ def describe(
             f"  validation  {v.get('metric')} {v.get('value')} (threshold {v.get('threshold')}) {verdict}, "
             f"{v.get('frames')} frames, {v.get('runtime', 'onnxruntime')}"
         )
-    refused = b.get("refused_at_load")
+    refused = b.refused_at_load
     if refused:
         lines.append(f"  refused     at load {when(str(refused.get('at')))}: {refused.get('error')}")
     return "\n".join(lines)
@@ -156,10 +155,10 @@ def _dims(shape: list[int]) -> str:
     return "x".join(map(str, shape))
 
 
-def _profiles(b: dict[str, Any]) -> str:
+def _profiles(b: BuildInfo) -> str:
     """One context's profile set ("input 1x3x416x416..1x3x416x416") and how many contexts carry it."""
-    profiles = b["profiles"]
-    per = b.get("profiles_per_context") or len(profiles) or 1
+    profiles = b.profiles
+    per = b.profiles_per_context or len(profiles) or 1
     one = "; ".join(
         ", ".join(f"{name} {_dims(s['min'])}..{_dims(s['max'])}" for name, s in p.items())
         for p in profiles[:per]
