@@ -25,6 +25,7 @@ from agent.reload import ReloadPlan, plan_reload
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Supervisor
 from agent.telemetry import Metrics
+from engines.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class DeviceOwner:
     def _rebuild_targets(self) -> list[str]:
         return list(self.engines.models)  # type: ignore[attr-defined]
 
-    def _rebuild(self, model: str, force: bool, precision: str | None) -> bool:
+    def _rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
         return bool(self.engines.rebuild(model, force=force, precision=precision))  # type: ignore[attr-defined]
 
     def stop(self) -> None:

@@ -24,6 +24,7 @@ from agent.reload import ReloadPlan
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan
 from engines.cuda.gpu_probe import NVML, GpuInfo
+from engines.precision import Precision
 
 
 def _no_swap(_model: str, _backend: Any) -> None:
@@ -129,7 +130,7 @@ class ShardEngines:
         client.publish(self._owner.topics.engine(model), body, qos=1, retain=True, kind="state")
 
     # ---- builds -----------------------------------------------------------------------------------------
-    def rebuild(self, model: str, force: bool, precision: str | None) -> bool:
+    def rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
         # Every GPU model's lifecycle (evaluated for each: no short cut).
         return any([m.rebuild(model, force=force, precision=precision) for m in self.managers.values()])
 

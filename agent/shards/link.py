@@ -8,6 +8,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from engines.precision import Precision
+
 
 class ShardLink:
     """The shard's end of the pipe; thread-safe sends; a lost pipe stops the shard."""
@@ -38,7 +40,7 @@ class ShardLink:
         self.send("engine", model, fields)
 
     def request_rebuild(
-        self, model: str, force: bool, precision: str | None, reasons: list[str] | None
+        self, model: str, force: bool, precision: Precision | None, reasons: list[str] | None
     ) -> bool:
         self.send("rebuild", model, force, precision, reasons)
         return True  # asked: the supervisor's manager starts it, or says it is already under way

@@ -37,6 +37,7 @@ from agent.shards.engines import ShardEngines
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan, place
 from agent.telemetry import Metrics, StageWindow, process_stats
+from engines.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class ShardedAgent(DeviceOwner):
     def _rebuild_targets(self) -> list[str]:
         return list(self.engines.models)
 
-    def _rebuild(self, model: str, force: bool, precision: str | None) -> bool:
+    def _rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
         return self.shard_engines.rebuild(model, force, precision)
 
     def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
