@@ -35,10 +35,13 @@ from engines.build.builder import BuildResult, build
 from engines.errors import BuildError, EngineError, StoreError, UnavailableError
 from engines.fingerprint import probe_fingerprint
 from engines.plan import Step, plan_steps
+from engines.precision import Precision
+from engines.runtimes.base import TensorSpec
 from engines.settings import BuildSettings, Profile, Shapes, onnx_input_shapes
 from engines.store import EngineStore, sha256_file
 from engines.store.lock import process_command
 from engines.trt import TrtApi, import_trt
+from pipelines.models import ModelAdapter, ModelSpec
 
 Progress = Callable[[str, int, int], None]
 # The daemon's defaults, so a build here gets the key a config names (read from the config schema).
@@ -55,7 +58,7 @@ class UsageError(EngineError):
 @dataclass(frozen=True)
 class StandaloneBuild:
     onnx: Path
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     shapes: tuple[Profile, ...] | None = None  # one profile (explicit shapes), else from the ONNX
     calib: Path | None = None
     calib_method: str = "minmax"
@@ -187,16 +190,16 @@ def calibration_data(directory: Path, fmt: str | None, onnx: Path) -> CalibData:
     return CalibData(directory, batches, len(images), digest.hexdigest()[:16], "images")
 
 
-def _adapter(fmt: str, onnx: Path) -> Any:
-    from engines.runtimes.base import TensorSpec
-    from pipelines.models import make_adapter
-
+def _adapter(fmt: str, onnx: Path) -> ModelAdapter:
+    """--format's adapter, to preprocess calibration images as inference does (ModelSpec.adapter, as the
+    daemon's). No labels here, and preprocessing uses none: one class stands in (resolve_onnx wants them)."""
     inputs = onnx_input_shapes(onnx)
     if len(inputs) != 1:
         raise UsageError(f"--format {fmt}: {onnx} has inputs {list(inputs)}; images need a one-input model")
-    name, dims = next(iter(inputs.items()))
+    [(name, dims)] = inputs.items()
+    tensor = TensorSpec(name, dims, np.dtype(np.float32))
     try:
-        return make_adapter(fmt, TensorSpec(name, dims, np.dtype(np.float32)), 1)
+        return ModelSpec(onnx.stem, fmt.lower(), ("object",), tensor, onnx, onnx).adapter()
     except ValueError as e:
         raise UsageError(f"--format {fmt}: {e}") from None
 
@@ -204,7 +207,7 @@ def _adapter(fmt: str, onnx: Path) -> Any:
 # ---- the build --------------------------------------------------------------------------------------
 
 
-def _steps(precision: str, api: TrtApi, calib: CalibData | None) -> tuple[list[Step], list[str]]:
+def _steps(precision: Precision, api: TrtApi, calib: CalibData | None) -> tuple[list[Step], list[str]]:
     """The steps to try and notes on what was left out. `best` walks int8 -> fp16 -> fp32 (int8 only with
     calibration data); an explicit precision is that precision only (int8: the folded Q/DQ graph too)."""
     notes: list[str] = []
