@@ -60,7 +60,7 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "int8": ((dict,), True),  # {batches_fed, cache_read, calibrated_graph, kept_layers, int8_layers}
     "dla": ((dict,), True),  # {core, layers_on_dla, layers_on_gpu}
     # Set by the daemon when TensorRT refused this plan at load: {at, error, fingerprint, plan_sha256,
-    # refusals} (engines.compat.refusal_record); a rebuild writes a manifest without it.
+    # refusals} (engines.build.compat.refusal_record); a rebuild writes a manifest without it.
     "refused_at_load": ((dict,), True),
 }
 

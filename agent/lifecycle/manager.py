@@ -157,16 +157,7 @@ class EngineManager(Jobs, HotSwap):
         except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
             return self._fallback(me, [refused_reason(exc)])
         if engine is not None:
-            self._set(
-                me,
-                state="ready",
-                backend=engine.name,
-                precision=engine.precision,
-                key=key,
-                loaded=True,
-                reasons=[],
-                nvtx_verbosity=engine.nvtx_verbosity,
-            )
+            self._set_loaded(me, engine, key, reasons=[])
             return engine
         return open_ort(me.ctx)  # a fitting engine this device cannot run: _load published why
 

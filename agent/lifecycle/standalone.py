@@ -3,7 +3,7 @@
     result = build_standalone(StandaloneBuild(onnx=Path("yolo.onnx"), precision="fp16"), progress)
     result.plan, result.manifest                 # {out}/{model}/{key}-{sha[:12]}.plan and {key}.json
 
-The same store layout and manifest as the daemon's builds (engines.builder), with the daemon's defaults
+The same store layout and manifest as the daemon's builds (engines.build.builder), with the daemon's defaults
 for everything the command line does not set (workspace 1024 MiB, optimisation level 3, batch 1, two
 execution contexts: `models.M.streams`), so an engine built here for the ONNX file and precision a
 config names has the key the daemon looks for. There is no accuracy gate (no labels, no cameras):
@@ -11,7 +11,7 @@ config names has the key the daemon looks for. There is no accuracy gate (no lab
 
 Calibration data (`--calib DIR`): `.npy` files of preprocessed float32 NCHW (or CHW) tensors, used as
 they are; or images, preprocessed like inference with the adapter of `--format`. Strongly typed TensorRT
-(RTX, 11) builds INT8 from a Q/DQ ONNX made from them (engines.quantize, kept under
+(RTX, 11) builds INT8 from a Q/DQ ONNX made from them (engines.build.quantize, kept under
 `{out}/{model}/qdq/`); weakly typed TensorRT (<= 10) calibrates with them. The calibration record
 {method, samples, data_id (sha256 of the data)} is part of the engine key.
 

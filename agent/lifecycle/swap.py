@@ -82,6 +82,10 @@ class HotSwap:
             engine.close()
             return
         self._swap(me.name, engine)
+        self._set_loaded(me, engine, key)
+
+    def _set_loaded(self, me: ModelEngine, engine: TensorRTBackend, key: str, **extra: Any) -> None:
+        """State `ready` for engine `key`, loaded and serving."""
         self._set(
             me,
             state="ready",
@@ -89,6 +93,7 @@ class HotSwap:
             precision=engine.precision,
             key=key,
             loaded=True,
+            **extra,
             nvtx_verbosity=engine.nvtx_verbosity,
         )
 
