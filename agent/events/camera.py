@@ -53,7 +53,7 @@ from pipelines.tracking import (
     SCORE,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.events")  # its lines keep the name they had (journald, greps)
 
 
 class CameraEvents:

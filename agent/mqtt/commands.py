@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from engines.precision import REQUESTABLE
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.commands")  # its lines keep the name they had (journald, greps)
 
 MAX_PAYLOAD = 16 * 1024  # bytes; the largest real command is well under 1 KB
 MAX_DEPTH = 8  # nesting of objects/arrays

@@ -27,7 +27,7 @@ from pipelines.sources import SourceSpec, open_reader
 if TYPE_CHECKING:
     from pipelines.preprocess_gpu import GpuLetterbox
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.daemon")  # its lines keep the name they had (journald, greps)
 
 CameraStateCallback = Callable[[str, str, "str | None"], None]
 

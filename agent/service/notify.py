@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.service")  # its lines keep the name they had (journald, greps)
 
 MISSING_SYSTEMD = (
     "NOTIFY_SOCKET is set (systemd Type=notify) but systemd-python is not installed: "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from agent.service.notify import Notifier
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.supervisor")  # its lines keep the name they had (journald, greps)
 
 DEFAULT_STALL_S = 30.0  # without a systemd watchdog: when a stall is reported in STATUS and the log
 
