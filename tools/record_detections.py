@@ -25,44 +25,24 @@ SCORE_FLOOR = 0.1
 
 
 def record(clip: Path, model: Path, labels: Path) -> dict[str, np.ndarray]:
-    import cv2
-
+    from agent.bench.tracking import record_clip  # the bench's clip section runs the same loop
     from engines.runtimes.ort import OrtBackend
     from pipelines.models import make_adapter
     from pipelines.postprocess import load_labels
 
     ort = OrtBackend(str(model), intra_threads=1)
     ort.load()
-    adapter = make_adapter("nanodet", ort.input_spec, len(load_labels(labels)))
-    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG)
-    fps = cap.get(cv2.CAP_PROP_FPS)
-    frame_of, boxes, scores, classes = [], [], [], []
-    n = 0
-    size = (0, 0)
     try:
-        while True:
-            ok, img = cap.read()
-            if not ok:
-                break
-            size = (img.shape[1], img.shape[0])
-            tensor, lb = adapter.preprocess([img])
-            dets = adapter.postprocess(ort.infer(tensor), lb, score_threshold=SCORE_FLOOR, iou_threshold=0.5)[
-                0
-            ]
-            frame_of.append(np.full(len(dets), n, np.int32))
-            boxes.append(dets.boxes)
-            scores.append(dets.scores)
-            classes.append(dets.class_ids)
-            n += 1
+        adapter = make_adapter("nanodet", ort.input_spec, len(load_labels(labels)))
+        per_frame, fps, size = record_clip(str(clip), ort, adapter)  # scores down to SCORE_FLOOR
     finally:
-        cap.release()
         ort.close()
     return {
-        "frame": np.concatenate(frame_of),
-        "boxes": np.concatenate(boxes).astype(np.float32),
-        "scores": np.concatenate(scores).astype(np.float32),
-        "class_ids": np.concatenate(classes).astype(np.int32),
-        "frames": np.int64(n),
+        "frame": np.concatenate([np.full(len(d), n, np.int32) for n, d in enumerate(per_frame)]),
+        "boxes": np.concatenate([d.boxes for d in per_frame]).astype(np.float32),
+        "scores": np.concatenate([d.scores for d in per_frame]).astype(np.float32),
+        "class_ids": np.concatenate([d.class_ids for d in per_frame]).astype(np.int32),
+        "frames": np.int64(len(per_frame)),
         "fps": np.float64(fps),
         "size": np.asarray(size, np.int64),
     }
