@@ -16,8 +16,8 @@ from pathlib import Path
 
 import onnx
 
-from pipelines.models import make_adapter
-from pipelines.models.graft import graft_postprocess
+from pipelines.models import GraftParams, ModelSpec
+from pipelines.models.graft import graft_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,15 +34,12 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = OrtBackend(str(args.onnx))
     backend.load()
-    adapter = make_adapter(args.format, backend.input_spec, args.classes)
+    input_spec = backend.input_spec
     backend.close()
-    grafted = graft_postprocess(
-        onnx.load(args.onnx),
-        adapter,
-        score_threshold=args.score,
-        iou_threshold=args.iou,
-        max_det=args.max_det,
-    )
+    # The agent's own graft (its record names the source); class names are not needed, only their count.
+    labels = tuple(f"class{i}" for i in range(args.classes))
+    spec = ModelSpec(args.onnx.stem, args.format.lower(), labels, input_spec, args.onnx, args.onnx)
+    grafted = graft_spec(spec, GraftParams(args.score, args.iou, args.max_det))
     onnx.save(grafted, args.out)
     print(f"{args.out}: decode + NMS grafted (score >= {args.score}, IoU {args.iou}, {args.max_det} boxes)")
     return 0
