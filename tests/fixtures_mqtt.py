@@ -119,6 +119,19 @@ def publish(port: int, topic: str, raw: bytes, retain: bool = False) -> None:
         c.loop_stop()
 
 
+def retain(port: int, items: list[tuple[str, bytes]]) -> None:
+    """Retained QoS 1 messages, each acknowledged, from one client of its own."""
+    c = paho.Client(CallbackAPIVersion.VERSION2)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        for topic, body in items:
+            c.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
 class Subscriber:
     """A paho client that collects (topic, payload, retain) of ``topic_filter`` (thread-safe); over TLS
     with ``tls_context``, authenticated with ``username``/``password``."""

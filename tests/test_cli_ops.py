@@ -13,12 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
 import yaml
 from fixtures_agent import ASSETS, REPO, bundled_model, run_cli, wait_until
-from fixtures_mqtt import Broker, Subscriber, free_port
-from paho.mqtt.enums import CallbackAPIVersion
+from fixtures_mqtt import Broker, Subscriber, free_port, retain
 
 from agent.cli import build_parser, demo_config, demo_device_id, main
 from agent.config import AgentConfig, MqttConfig, name_problem
@@ -70,18 +68,6 @@ def into_closed_pipe(*args: str, timeout: float = 120) -> tuple[int, str]:
         return cli(*args, stdout=w, timeout=timeout)
     finally:
         os.close(w)
-
-
-def retain(port: int, items: list[tuple[str, bytes]]) -> None:
-    c = paho.Client(CallbackAPIVersion.VERSION2)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        for topic, body in items:
-            c.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 # ---- 1. a reader that left --------------------------------------------------------------------------

@@ -13,25 +13,13 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 from fixtures_agent import run_cli
-from fixtures_mqtt import Broker, Subscriber, free_port
+from fixtures_mqtt import Broker, Subscriber, free_port, publish, retain
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import ConfigError, MqttConfig, parse_config
 from agent.mqtt import MqttClient
 from agent.mqtt.fleet import collect, render, rows
 from agent.mqtt.topics import Topics
-
-
-def retain(port: int, items: list[tuple[str, bytes]]) -> None:
-    c = paho.Client(CallbackAPIVersion.VERSION2)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        for topic, body in items:
-            c.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 def test_fleet_status_survives_whatever_is_retained(mqtt_broker: Broker) -> None:
@@ -306,21 +294,14 @@ class _DuplicateArrivesMidway(Mapping[str, Any]):
     def _twin_appears(self) -> None:
         if self.client.stats()["duplicates"]:
             return  # seen already (keys() and __iter__ may both be called)
-        pub = paho.Client(CallbackAPIVersion.VERSION2)
-        pub.connect("127.0.0.1", self.port)
-        pub.loop_start()
         body = json.dumps({"state": "online", "instance": "0badcafe"}).encode()
         deadline = time.monotonic() + 20
-        try:
-            # Sent again until seen: the client's subscription may not be in place yet on a loaded machine.
-            while not self.client.stats()["duplicates"] and time.monotonic() < deadline:
-                pub.publish(self.topics.status, body, qos=1).wait_for_publish(5)
-                again = time.monotonic() + 1.0
-                while not self.client.stats()["duplicates"] and time.monotonic() < again:
-                    time.sleep(0.02)
-        finally:
-            pub.disconnect()
-            pub.loop_stop()
+        # Sent again until seen: the client's subscription may not be in place yet on a loaded machine.
+        while not self.client.stats()["duplicates"] and time.monotonic() < deadline:
+            publish(self.port, self.topics.status, body)
+            again = time.monotonic() + 1.0
+            while not self.client.stats()["duplicates"] and time.monotonic() < again:
+                time.sleep(0.02)
         time.sleep(0.5)  # the client's answer to the twin goes out first, as in the race
 
 
