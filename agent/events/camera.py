@@ -55,6 +55,8 @@ from pipelines.tracking import (
 
 log = logging.getLogger("agent.events")  # its lines keep the name they had (journald, greps)
 
+_NO_ROWS = np.zeros(0, np.intp)  # no `new` due (read only)
+
 
 class CameraEvents:
     """Analytics and events of one camera (see the module docstring)."""
@@ -227,7 +229,7 @@ class CameraEvents:
         frames is no event), and for in_zones only after it entered a zone; one that ends sooner has
         neither ``new`` nor ``end`` (its zone events still go out)."""
         if self._cfg.min_duration_s <= 0:
-            return a.step.confirmed if self._cfg.objects == "all" else np.zeros(0, np.intp)
+            return a.step.confirmed if self._cfg.objects == "all" else _NO_ROWS
         due = a.active & ~self._announced
         due &= a.ts - a.table[FIRST_SEEN] >= self._cfg.min_duration_s
         if self._cfg.objects == "in_zones":
