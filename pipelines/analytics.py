@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipelines.frames import Detections
-from pipelines.tracking import ID, SCORE, Ended, Step, Tracker, TrackerParams
-from pipelines.zones import Lines, RegionSpec, Transition, Zones, classes
+from pipelines.tracking import SCORE, Ended, Step, Tracker, TrackerParams
+from pipelines.zones import Lines, RegionSpec, Transition, Zones
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,15 @@ class Analysis:
 class CameraAnalytics:
     """Tracker + zones + lines of one camera."""
 
-    def __init__(self, settings: AnalyticsSettings, n_classes: int, first_id: int = 1) -> None:
+    def __init__(
+        self, settings: AnalyticsSettings, n_classes: int, first_id: int = 1, compiled: bool = True
+    ) -> None:
         self.n_classes = n_classes
         self.settings = settings
-        self.tracker = Tracker(settings.tracker, first_id)
-        self.zones = Zones(settings.zones, n_classes)
-        self.lines = Lines(settings.lines, n_classes)
+        self.compiled = compiled  # False: the numpy code even where the kernels are built (comparisons)
+        self.tracker = Tracker(settings.tracker, first_id, compiled)
+        self.zones = Zones(settings.zones, n_classes, compiled)
+        self.lines = Lines(settings.lines, n_classes, compiled)
         self._t: float | None = None  # monotonic time of the last frame
 
     # ---- per frame ------------------------------------------------------------------------------------
@@ -92,30 +95,27 @@ class CameraAnalytics:
         self._t = t
         step = self.tracker.update(dets, t, ts, frame_id)
         table = self.tracker.table
-        active = table[ID] > 0
-        active &= self.tracker.matched()
+        active = step.active
         out = ended_first
-        regions = len(self.zones) or len(self.lines)
-        cls = classes(table, self.n_classes) if regions else None
-        inactive = ~active[:, None] if regions else None
-        zones_changed = reset is not None and len(self.zones) > 0
+        zones, lines = self.zones, self.lines
+        has_zones, has_lines = bool(zones.specs), bool(lines.specs)
+        zones_changed = reset is not None and has_zones
         lines_changed = False
         visits = None
-        if step.ended is not None and len(self.zones):
-            visits = self.zones.visited_by(step.ended.rows)
-            zones_changed |= self.zones.end(step.ended, ts, out)
-        if step.row_map is not None:
-            self.zones.follow(step.row_map)
-            self.lines.follow(step.row_map)
-        if len(self.zones):
-            assert cls is not None and inactive is not None
-            if self.zones.update(table, cls, inactive, step.confirmed, ts, size, out):
+        if has_zones:
+            if step.ended is not None:
+                visits = zones.visited_by(step.ended.rows)
+                zones_changed |= zones.end(step.ended, ts, out)
+            if step.row_map is not None:
+                zones.follow(step.row_map)
+            if zones.update(table, active, step.confirmed, ts, size, out):
                 zones_changed = True
             elif zones_changed:
-                self.zones.recount(cls)
-        if len(self.lines):
-            assert cls is not None and inactive is not None
-            lines_changed = self.lines.update(table, cls, inactive, step.confirmed, size, out)
+                zones.recount(table)
+        if has_lines:
+            if step.row_map is not None:
+                lines.follow(step.row_map)
+            lines_changed = lines.update(table, active, step.confirmed, size, out)
         # What the camera reports, with ids of confirmed tracks.
         min_score = self.settings.min_score
         if min_score > self.settings.tracker.low_score:
@@ -123,14 +123,9 @@ class CameraAnalytics:
             reported = Detections(
                 dets.boxes.take(report, axis=0), dets.scores.take(report), dets.class_ids.take(report)
             )
-            rows = step.det_rows.take(report)
+            ids = step.ids.take(report)
         else:
-            reported, rows = dets, step.det_rows
-        if table.shape[1]:
-            ids = table[ID].take(rows, mode="clip").astype(np.int64)  # -1 (no track) clipped to 0 ...
-            ids[rows < 0] = 0  # ... and zeroed
-        else:
-            ids = np.zeros(rows.shape[0], np.int64)
+            reported, ids = dets, step.ids
         if first_ended is not None:
             step.ended = _merge_ended(first_ended, step.ended)
             visits = _merge_visits(ended_visits, visits)
@@ -147,7 +142,7 @@ class CameraAnalytics:
             zones_changed=zones_changed,
             lines_changed=lines_changed,
             reset=reset,
-            inside=self.zones.inside if len(self.zones) else None,
+            inside=zones.inside if has_zones else None,
             ended_zones=visits,
         )
 
@@ -189,9 +184,13 @@ class CameraAnalytics:
             result = self.reset("reconfigured", ts)
             self.tracker.configure(settings.tracker)
         if settings.zones != old.zones:
-            self.zones = _carry_zones(self.zones, settings.zones, self.n_classes, len(self.tracker))
+            self.zones = _carry_zones(
+                self.zones, settings.zones, self.n_classes, len(self.tracker), self.compiled
+            )
         if settings.lines != old.lines:
-            self.lines = _carry_lines(self.lines, settings.lines, self.n_classes, len(self.tracker))
+            self.lines = _carry_lines(
+                self.lines, settings.lines, self.n_classes, len(self.tracker), self.compiled
+            )
         return result
 
     def best(self, rows: np.ndarray) -> np.ndarray:
@@ -213,8 +212,10 @@ def _merge_visits(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | No
     return np.concatenate((a, b))
 
 
-def _carry_zones(old: Zones, specs: Sequence[RegionSpec], n_classes: int, tracks: int) -> Zones:
-    new = Zones(specs, n_classes)
+def _carry_zones(
+    old: Zones, specs: Sequence[RegionSpec], n_classes: int, tracks: int, compiled: bool
+) -> Zones:
+    new = Zones(specs, n_classes, compiled)
     z = len(new)
     new.inside = np.zeros((tracks, z), bool)
     new.entered_at = np.zeros((tracks, z))
@@ -233,8 +234,10 @@ def _carry_zones(old: Zones, specs: Sequence[RegionSpec], n_classes: int, tracks
     return new
 
 
-def _carry_lines(old: Lines, specs: Sequence[RegionSpec], n_classes: int, tracks: int) -> Lines:
-    new = Lines(specs, n_classes)
+def _carry_lines(
+    old: Lines, specs: Sequence[RegionSpec], n_classes: int, tracks: int, compiled: bool
+) -> Lines:
+    new = Lines(specs, n_classes, compiled)
     new.side = np.zeros((tracks, len(new)), np.int8)
     before = {s: j for j, s in enumerate(old.specs)}
     for j, spec in enumerate(new.specs):

@@ -37,9 +37,12 @@ an id). A track gets its id when confirmed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
+from pipelines import kernels
 from pipelines.frames import Detections
 
 # Kalman noise weights per nominal frame (ByteTrack's), scaled by the box size.
@@ -99,6 +102,8 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 _EMPTY = np.zeros(0, dtype=np.intp)
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_TRACKS = np.zeros(0, dtype=bool)
 
 
 def greedy_match(
@@ -194,6 +199,18 @@ _STAGE_BONUS = np.array([[0.0, 0.0], [1.0, 2.0], [0.0, 2.0]])
 _SIZE_ROWS = np.array([2, 3, 2, 3])  # the width scales x and w, the height y and h
 
 
+def _kernel_module() -> ModuleType | None:
+    """The compiled step, if built and laid out as this module's table (pipelines.kernels)."""
+    mod = kernels.load("tracking")
+    if mod is None:
+        return None
+    here = {name: globals()[name] for name in mod.LAYOUT}
+    here = {k: (v.start if isinstance(v, slice) else v) for k, v in here.items()}
+    if here != mod.LAYOUT:
+        raise ImportError(f"pipelines.kernels.tracking: table layout {mod.LAYOUT} != {here}: rebuild it")
+    return mod
+
+
 def _size2(pos: np.ndarray) -> np.ndarray:
     """(4, N) squared box size per coordinate (width for x and w, height for y and h), at least 1."""
     s = np.maximum(pos.take(_SIZE_ROWS, axis=0), 1.0)
@@ -230,14 +247,16 @@ class Step:
     ``state[row_map]``.
     """
 
-    __slots__ = ("confirmed", "det_rows", "ended", "improved", "row_map")
+    __slots__ = ("active", "confirmed", "det_rows", "ended", "ids", "improved", "row_map")
 
     def __init__(self, det_rows: np.ndarray, row_map: np.ndarray | None = None, ended: Ended | None = None):
         self.det_rows = det_rows  # (detections,) the track of each detection, -1 for none
         self.row_map = row_map
-        self.confirmed = _EMPTY  # tracks confirmed in this frame (their first frame with an id)
-        self.improved = _EMPTY  # tracks whose best detection is this frame's (new tracks included)
+        self.confirmed = _EMPTY  # tracks confirmed in this frame (their first frame with an id), oldest first
+        self.improved = _EMPTY  # tracks whose best detection is this frame's (new ones included), same order
         self.ended = ended
+        self.ids = _NO_IDS  # (detections,) int64 the id of each detection's track, 0 for none (yet)
+        self.active = _NO_TRACKS  # (tracks,) bool: confirmed and matched in this frame
 
 
 class Tracker:
@@ -247,10 +266,13 @@ class Tracker:
     of ``Step`` means a track's index, i.e. its column here.
     """
 
-    def __init__(self, params: TrackerParams | None = None, first_id: int = 1) -> None:
+    def __init__(self, params: TrackerParams | None = None, first_id: int = 1, compiled: bool = True) -> None:
         self._next_id = first_id
         self._t: float | None = None
         self.table = np.zeros((ROWS, 0))
+        # The compiled step (pipelines/kernels/tracking.pyx) where it was built; False: the numpy code.
+        self._module = _kernel_module() if compiled else None
+        self._kernel: Any = None
         self.configure(params or TrackerParams())
 
     def configure(self, params: TrackerParams) -> None:
@@ -259,6 +281,26 @@ class Tracker:
         self._stage_iou = np.array([[_NEVER, _TENTATIVE_IOU], [_LOW_IOU, p.match_iou], [_NEVER, p.match_iou]])
         # How long a track may go unmatched, by state: tentative not at all, lost max_lost_s.
         self._max_age = np.array([0.0, np.inf, p.max_lost_s])
+        if self._module is not None and p.match == "greedy":
+            self._kernel = self._module.Kernel(
+                p.high_score,
+                p.new_score,
+                p.min_hits,
+                self._stage_iou.tolist(),
+                _STAGE_BONUS.tolist(),
+                self._max_age.tolist(),
+                _STD_POS**2,
+                (_STD_VEL / _STD_POS) ** 2,
+                (2.0 * _STD_POS) ** 2,
+                (10.0 * _STD_VEL) ** 2,
+            )
+        else:
+            self._kernel = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether updates run the compiled kernel (greedy matching only; ``optimal`` is numpy + scipy)."""
+        return self._kernel is not None
 
     def __len__(self) -> int:
         return int(self.table.shape[1])
@@ -290,6 +332,8 @@ class Tracker:
         p = self.params
         k = 0.0 if self._t is None else max(0.0, t - self._t) * _NOMINAL_FPS
         self._t = t
+        if self._kernel is not None:
+            return self._update_compiled(dets, t, ts, frame_id, k)
         n_old = self.table.shape[1]
         n_det = dets.scores.shape[0]
         det_rows = np.empty(n_det, np.intp)
@@ -309,6 +353,9 @@ class Tracker:
             rows = cols = _EMPTY
             if n_det:
                 rows, cols = self._associate(dets.class_ids, cur, high)
+                if rows.size > 1:  # in track order: confirmed and improved list tracks oldest first
+                    order = rows.argsort()
+                    rows, cols = rows.take(order), cols.take(order)
             state = tab[STATE]
             state[state == TRACKED] = LOST  # the matched ones are tracked again in _correct
             if rows.size:
@@ -322,6 +369,12 @@ class Tracker:
             new = (starts & (det_rows < 0)).nonzero()[0]
             if new.size:
                 self._append(cur.take(new, axis=1), dets.class_ids.take(new), t, new, step)
+        tab = self.table
+        step.active = tab[ID] > 0
+        step.active &= tab[LAST_T] == t
+        if n_det:
+            step.ids = tab[ID].take(det_rows, mode="clip").astype(np.int64)  # -1 (no track) clipped ...
+            step.ids[det_rows < 0] = 0  # ... and zeroed
         return step
 
     def reset(self, reason: str) -> Step:
@@ -333,6 +386,23 @@ class Tracker:
         return Step(_EMPTY, _EMPTY, Ended(tab.take(gone, axis=1), gone, reason) if gone.size else None)
 
     # ---- internals ----------------------------------------------------------------------------
+    def _update_compiled(self, dets: Detections, t: float, ts: float, frame_id: int, k: float) -> Step:
+        """``update`` by the compiled kernel: the same steps and arithmetic as the numpy code below.
+        Detections of other dtypes than pipelines.frames' (float32, int32) are converted first."""
+        boxes, scores, cls = dets.boxes, dets.scores, dets.class_ids
+        if boxes.dtype != np.float32 or scores.dtype != np.float32 or cls.dtype != np.int32:
+            boxes, scores, cls = boxes.astype(np.float32), scores.astype(np.float32), cls.astype(np.int32)
+        table, det_rows, row_map, confirmed, improved, gone, ended, ids, active, self._next_id = (
+            self._kernel.update(self.table, boxes, scores, cls, t, ts, frame_id, k, self._next_id)
+        )
+        self.table = table
+        step = Step(det_rows, row_map, None if ended is None else Ended(ended, gone, "lost"))
+        step.confirmed = confirmed
+        step.improved = improved
+        step.ids = ids
+        step.active = active
+        return step
+
     def _associate(self, cls: np.ndarray, cur: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ByteTrack stages at once: (track indices, detection indices) matched."""
         tab = self.table
@@ -424,9 +494,8 @@ class Tracker:
         state[full] = TRACKED  # confirmed tracks always have min_hits
         n_confirm = np.count_nonzero(confirm)
         if n_confirm:
-            # Ids in track order (older tracks first), whatever order the matching gave.
-            order = rows[confirm].argsort().argsort()
-            g[ID, confirm] = self._next_id + order
+            # Ids in track order (older tracks first): ``rows`` is sorted.
+            g[ID, confirm] = np.arange(self._next_id, self._next_id + n_confirm)
             self._next_id += n_confirm
             step.confirmed = rows[confirm]
         improved = g[SCORE] > g[BEST_SCORE]

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
+from pipelines import kernels
 from pipelines.tracking import CLS, ID, POS, Ended
 
 # Anchor -> offset from the box centre in box widths (x) and heights (y).
@@ -134,6 +137,14 @@ class RegionSpec:
         return pts * (np.asarray(size, np.float64) / np.asarray(ref, np.float64))
 
 
+def _regions_module() -> ModuleType | None:
+    """The compiled steps (pipelines.kernels), if built and reading the tracker's class row."""
+    mod = kernels.load("regions")
+    if mod is not None and mod.LAYOUT != {"CLS": CLS}:
+        raise ImportError(f"pipelines.kernels.regions: table layout {mod.LAYOUT} != CLS {CLS}: rebuild it")
+    return mod
+
+
 def _label_mask(specs: Sequence[RegionSpec], n_classes: int) -> np.ndarray:
     """(classes, regions) bool: which classes each region counts; class ids beyond n_classes never."""
     mask = np.zeros((n_classes + 1, len(specs)), bool)  # the last row: unknown class ids
@@ -156,14 +167,20 @@ def classes(table: np.ndarray, n_classes: int) -> np.ndarray:
     return cls
 
 
-def _follow(state: np.ndarray, row_map: np.ndarray) -> np.ndarray:
-    """``state`` rows in the tracker's new track order: old rows moved, new tracks zero."""
-    kept = row_map >= 0
-    if kept.all():
+def _follow(state: np.ndarray, row_map: np.ndarray, moved: np.ndarray | None = None) -> np.ndarray:
+    """``state`` rows in the tracker's new track order: old rows moved, new tracks zero. ``moved``: the
+    tracks that existed before (``_moved(row_map)``), None when all did."""
+    if moved is None:
         return state.take(row_map, axis=0)
     out = np.zeros((row_map.shape[0], *state.shape[1:]), state.dtype)
-    out[kept] = state.take(row_map[kept], axis=0)
+    out[moved] = state.take(row_map[moved], axis=0)
     return out
+
+
+def _moved(row_map: np.ndarray) -> np.ndarray | None:
+    """For ``_follow``: which tracks existed before the step (None: all of them)."""
+    moved = row_map >= 0
+    return None if moved.all() else moved.nonzero()[0]
 
 
 # ---- per-frame results ----
@@ -183,11 +200,17 @@ class Transition:
 class _Regions:
     """What zones and lines hold alike: their specs, which classes each counts, its anchor's offsets."""
 
-    def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
+    def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
         self.specs = tuple(specs)
         self.n_classes = n_classes
         self._mask = _label_mask(self.specs, n_classes)
         self._offsets = _anchor_offsets(self.specs)  # (2, regions)
+        # The compiled per-frame steps (pipelines/kernels/regions.pyx) where built, with their arguments
+        # laid out as they take them; None: the numpy code.
+        self._module = _regions_module() if compiled and self.specs else None
+        self._kernel: Any = None  # made by _compile for the picture size
+        self._mask_u8 = np.ascontiguousarray(self._mask).view(np.uint8)
+        self._offsets_c = np.ascontiguousarray(self._offsets)
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -197,8 +220,8 @@ class _Regions:
 class Zones(_Regions):
     """The zones of one camera and which tracks are in them (arrays aligned with the tracker's tracks)."""
 
-    def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
-        super().__init__(specs, n_classes)
+    def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
+        super().__init__(specs, n_classes, compiled)
         z = len(self.specs)
         self._any_label = all(s.labels is None for s in self.specs)
         self._one_anchor = len({s.anchor for s in self.specs}) <= 1
@@ -208,6 +231,7 @@ class Zones(_Regions):
         self._inertia: int | np.ndarray = (
             inertia.pop() if len(inertia) == 1 else np.array([s.inertia for s in self.specs], np.int16)
         )
+        self._inertia_z = np.array([s.inertia for s in self.specs], np.int16)
         self._size: tuple[int, int] | None = None
         # State per (track, zone).
         self.inside = np.zeros((0, z), bool)  # in the zone (after inertia)
@@ -235,6 +259,19 @@ class Zones(_Regions):
         self._starts = np.asarray(starts, np.intp)
         self._edge_zone = np.asarray(owner, np.intp)
         self._size = size
+        if self._module is not None:
+            self._kernel = self._module.ZonesKernel(
+                self._inertia_z,
+                x1,
+                y1,
+                y2,
+                self._slope,
+                np.asarray([*starts, len(x1s)], np.intp),  # each zone's first edge, and the end
+                self._offsets_c,
+                self._mask_u8,
+                not self._any_label,
+                self.n_classes,
+            )
 
     def test(self, table: np.ndarray, cls: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         """(tracks, Z) bool: each track's anchor inside each zone and the zone counting its class
@@ -263,18 +300,46 @@ class Zones(_Regions):
     def update(
         self,
         table: np.ndarray,
-        cls: np.ndarray,
-        inactive: np.ndarray,
+        active: np.ndarray,
         confirmed: np.ndarray,
         ts: float,
         size: tuple[int, int],
         out: list[Transition],
     ) -> bool:
-        """One frame, after the tracker's step (and ``follow``): ``inactive`` (tracks, 1) tracks not both
-        confirmed and seen in this frame (they keep their state), ``confirmed`` indices of tracks confirmed in
-        it. Appends enters and leaves to ``out``; True when a count changed."""
+        """One frame, after the tracker's step (and ``follow``): ``active`` (tracks,) bool, tracks both
+        confirmed and seen in this frame (the others keep their state), ``confirmed`` indices of tracks
+        confirmed in it. Appends enters and leaves to ``out``; True when a count changed."""
+        if self._size != size:
+            self._compile(size)
+        if self._kernel is None:
+            return self._update_numpy(table, active, confirmed, ts, size, out)
+        tracks, zones, dwell, counts = self._kernel.step(
+            table, active, confirmed, self.inside, self._streak, self.entered_at, self.visited, ts
+        )
+        if counts is None:
+            return False
+        self.counts = counts  # a new array: readers in other threads never see it half counted
+        ids = table[ID].take(tracks).astype(np.int64).tolist()
+        class_ids = table[CLS].take(tracks).astype(np.int64).tolist()
+        for t, c, z, d in zip(ids, class_ids, zones.tolist(), dwell.tolist(), strict=True):
+            if d != d:  # NaN: an enter
+                out.append(Transition("zone_enter", z, t, c))
+            else:
+                out.append(Transition("zone_leave", z, t, c, d))
+        return True
+
+    def _update_numpy(
+        self,
+        table: np.ndarray,
+        active: np.ndarray,
+        confirmed: np.ndarray,
+        ts: float,
+        size: tuple[int, int],
+        out: list[Transition],
+    ) -> bool:
+        cls = classes(table, self.n_classes)
         raw = self.test(table, cls, size)
-        np.copyto(raw, self.inside, where=inactive)
+        np.copyto(raw, self.inside, where=~active[:, None])
         differs = raw != self.inside
         streak = self._streak
         streak += 1
@@ -302,8 +367,14 @@ class Zones(_Regions):
 
     def follow(self, row_map: np.ndarray) -> None:
         """Re-align the per-track state with the tracker's tracks after a step that added or dropped some."""
+        if self._module is not None:
+            self.inside, self._streak, self.entered_at, self.visited = self._module.zones_follow(
+                row_map, self.inside, self._streak, self.entered_at, self.visited
+            )
+            return
+        moved = _moved(row_map)
         for name in ("inside", "entered_at", "visited", "_streak"):
-            setattr(self, name, _follow(getattr(self, name), row_map))
+            setattr(self, name, _follow(getattr(self, name), row_map, moved))
 
     def end(self, ended: Ended, ts: float, out: list[Transition]) -> bool:
         """Ended tracks (rows of the state before ``follow``) leave their zones; True if a count changed."""
@@ -328,8 +399,9 @@ class Zones(_Regions):
         counts = np.bincount(zones * width + cls.take(tracks), minlength=len(self.specs) * width)
         self.counts = counts.reshape(len(self.specs), width)
 
-    def recount(self, cls: np.ndarray) -> None:
-        self._count(cls)
+    def recount(self, table: np.ndarray) -> None:
+        """Counts from ``inside`` again (tracks of ``table``, after ``follow``)."""
+        self._count(classes(table, self.n_classes))
 
     def clear(self) -> None:
         """Every track out of every zone, counts zero (a reset: the caller reports the leaves first)."""
@@ -345,8 +417,8 @@ class Zones(_Regions):
 class Lines(_Regions):
     """The lines of one camera, each track's side of each, and the crossings counted."""
 
-    def __init__(self, specs: Sequence[RegionSpec], n_classes: int) -> None:
-        super().__init__(specs, n_classes)
+    def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
+        super().__init__(specs, n_classes, compiled)
         n = len(self.specs)
         # One anchor for every line (the usual case): (N, 1) anchors instead of (N, lines).
         self._anchor = ANCHORS[self.specs[0].anchor] if len({s.anchor for s in self.specs}) == 1 else None
@@ -366,20 +438,53 @@ class Lines(_Regions):
         self._ux, self._uy = d[:, 0] / length**2, d[:, 1] / length**2
         self._u0 = self._ux * a[:, 0] + self._uy * a[:, 1]
         self._size = size
+        if self._module is not None:
+            self._kernel = self._module.LinesKernel(
+                self._nx,
+                self._ny,
+                self._c,
+                self._ux,
+                self._uy,
+                self._u0,
+                self._offsets_c,
+                self._mask_u8,
+                LINE_HYSTERESIS,
+                self.n_classes,
+            )
 
     def update(
         self,
         table: np.ndarray,
-        cls: np.ndarray,
-        inactive: np.ndarray,
+        active: np.ndarray,
         confirmed: np.ndarray,
         size: tuple[int, int],
         out: list[Transition],
     ) -> bool:
-        """One frame (after ``follow``): sides of the tracks seen (not ``inactive``); crossings appended to
-        ``out``; True when a count changed. Tracks confirmed in this frame only take their side."""
+        """One frame (after ``follow``): sides of the ``active`` tracks (confirmed and seen in this frame);
+        crossings appended to ``out``; True when a count changed. Tracks confirmed in this frame only take
+        their side."""
         if self._size != size:
             self._compile(size)
+        if self._kernel is None:
+            return self._update_numpy(table, classes(table, self.n_classes), active, confirmed, out)
+        tracks, lines, dirs, cls = self._kernel.step(table, active, confirmed, self.side)
+        if not tracks.size:
+            return False
+        for t, j, d, c in zip(tracks.tolist(), lines.tolist(), dirs.tolist(), cls.tolist(), strict=True):
+            self.counts[j, d, c] += 1
+            out.append(
+                Transition("line_cross", j, int(table[ID, t]), int(table[CLS, t]), direction=("in", "out")[d])
+            )
+        return True
+
+    def _update_numpy(
+        self,
+        table: np.ndarray,
+        cls: np.ndarray,
+        active: np.ndarray,
+        confirmed: np.ndarray,
+        out: list[Transition],
+    ) -> bool:
         pos = table[POS]
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
         if self._anchor is not None:
@@ -394,7 +499,7 @@ class Lines(_Regions):
         dist -= self._c
         eps = LINE_HYSTERESIS * h
         now = (dist > eps).view(np.int8) - (dist < -eps).view(np.int8)
-        np.copyto(now, 0, where=inactive)
+        np.copyto(now, 0, where=~active[:, None])
         crossed = (now * self.side) < 0
         if confirmed.size:
             crossed[confirmed] = False
@@ -421,7 +526,10 @@ class Lines(_Regions):
         return changed
 
     def follow(self, row_map: np.ndarray) -> None:
-        self.side = _follow(self.side, row_map)
+        if self._module is not None:
+            self.side = self._module.lines_follow(row_map, self.side)
+        else:
+            self.side = _follow(self.side, row_map, _moved(row_map))
 
     def clear_sides(self) -> None:
         self.side = np.zeros((0, len(self.specs)), np.int8)
