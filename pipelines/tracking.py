@@ -372,9 +372,11 @@ class Tracker:
         tab = self.table
         step.active = tab[ID] > 0
         step.active &= tab[LAST_T] == t
-        if n_det:
+        if n_det and tab.shape[1]:
             step.ids = tab[ID].take(det_rows, mode="clip").astype(np.int64)  # -1 (no track) clipped ...
             step.ids[det_rows < 0] = 0  # ... and zeroed
+        elif n_det:
+            step.ids = np.zeros(n_det, np.int64)
         return step
 
     def reset(self, reason: str) -> Step:

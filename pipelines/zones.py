@@ -163,7 +163,7 @@ def _anchor_offsets(specs: Sequence[RegionSpec]) -> np.ndarray:
 def classes(table: np.ndarray, n_classes: int) -> np.ndarray:
     """(tracks,) class index of each track for the label masks: ids beyond the labels map to n_classes."""
     cls = table[CLS].astype(np.intp)
-    np.minimum(cls, n_classes, out=cls)  # class ids are never negative
+    cls[(cls < 0) | (cls > n_classes)] = n_classes  # unknown: beyond the labels (or negative, from a bad model)
     return cls
 
 
@@ -282,8 +282,8 @@ class Zones(_Regions):
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
         if self._one_anchor:
             ox, oy = self._anchor
-            x = cx + ox * w if ox else cx
-            y = cy + oy * h if oy else cy
+            x = cx + ox * w  # also for 0: the compiled step computes the same (NaN for an infinite box)
+            y = cy + oy * h
         else:
             x = (cx + w * self._offsets[0]).take(self._edge_zone, axis=1)
             y = (cy + h * self._offsets[1]).take(self._edge_zone, axis=1)
@@ -489,8 +489,8 @@ class Lines(_Regions):
         cx, cy, w, h = pos[0][:, None], pos[1][:, None], pos[2][:, None], pos[3][:, None]
         if self._anchor is not None:
             ox, oy = self._anchor
-            x = cx + ox * w if ox else cx
-            y = cy + oy * h if oy else cy
+            x = cx + ox * w  # also for 0: the compiled step computes the same (NaN for an infinite box)
+            y = cy + oy * h
         else:
             x = cx + w * self._offsets[0]
             y = cy + h * self._offsets[1]

@@ -25,8 +25,7 @@ cdef enum:
 
 
 cdef inline double _anchor(double c, double off, double size) noexcept nogil:
-    # numpy: c + off * size where the offset is non-zero, else c itself.
-    return c + off * size if off != 0.0 else c
+    return c + off * size  # as the numpy code: also for a zero offset (an infinite size gives NaN there too)
 
 
 cdef void* _data(cnp.ndarray a, int typenum, Py_ssize_t rows, Py_ssize_t cols, str name) except NULL:
@@ -42,9 +41,9 @@ cdef void* _data(cnp.ndarray a, int typenum, Py_ssize_t rows, Py_ssize_t cols, s
 
 
 cdef inline Py_ssize_t _class(double cls, Py_ssize_t n_classes) noexcept nogil:
-    # pipelines.zones.classes: ids beyond the labels map to n_classes (ids are never negative).
+    # pipelines.zones.classes: ids beyond the labels, and negative ones, map to n_classes (unknown).
     cdef Py_ssize_t c = <Py_ssize_t>cls
-    return c if c < n_classes else n_classes
+    return c if 0 <= c < n_classes else n_classes
 
 
 cdef inline cnp.ndarray _zeros(Py_ssize_t rows, Py_ssize_t cols, int typenum):

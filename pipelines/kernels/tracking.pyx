@@ -41,11 +41,12 @@ cdef double TENTATIVE = 0.0, TRACKED = 1.0, LOST = 2.0
 
 
 cdef inline double dmax(double a, double b) noexcept nogil:
-    return a if a >= b else b  # np.maximum's choice for equal values does not matter (same value)
+    # np.maximum: NaN if either is NaN (a != a: a is NaN; a >= NaN is false, so b, the NaN, comes back).
+    return a if (a >= b or a != a) else b
 
 
 cdef inline double dmin(double a, double b) noexcept nogil:
-    return a if a <= b else b
+    return a if (a <= b or a != a) else b
 
 
 cdef void _predict(double[:, ::1] tab, Py_ssize_t n, double k, double c_pos, double c_ratio) noexcept nogil:
