@@ -19,4 +19,6 @@ def test_tracking_section_reports_cost_quality_and_target() -> None:
     assert ours["available"] and ours["crossing"]["id_switches"] == 0 and ours["crowd"]["idf1"] > 0.9
     for name, row in report["quality"].items():
         assert row["available"] or row["why"], name  # library trackers: there or said why not
-    assert "Tracking, CPU per frame" in summary(report)
+    assert report["kernels"] == "compiled" and "Tracking (compiled), CPU per frame" in summary(report)
+    for row in report["cost_ms"].values():
+        assert row["analytics_numpy"]["cpu_ms_mean"] > 0  # the reference beside the kernels

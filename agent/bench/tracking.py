@@ -104,8 +104,8 @@ def _cost(objects: int, frames_n: int, repeats: int) -> dict[str, Any]:
         tracker = Tracker(params)
         return lambda f: tracker.update(f.detections, f.t, f.t)
 
-    def fresh_analytics() -> Callable[[SceneFrame], object]:
-        an = CameraAnalytics(AnalyticsSettings(params, 0.4, 2.0, ZONES, LINES), 80)
+    def fresh_analytics(compiled: bool = True) -> Callable[[SceneFrame], object]:
+        an = CameraAnalytics(AnalyticsSettings(params, 0.4, 2.0, ZONES, LINES), 80, compiled=compiled)
         return lambda f: an.process(f.detections, f.t, f.t, 0, SIZE)
 
     cam = parse_config(
@@ -130,7 +130,13 @@ def _cost(objects: int, frames_n: int, repeats: int) -> dict[str, Any]:
         return lambda f: ev(Frame("c", next(counter), image, f.t, {"captured": f.t}), f.detections)
 
     row: dict[str, Any] = {"objects_in_view": round(in_view, 1), "detections_per_frame": round(dets, 1)}
-    for name, make in (("tracker", fresh_tracker), ("analytics", fresh_analytics), ("events", fresh_events)):
+    parts: tuple[tuple[str, Callable[[], Callable[[SceneFrame], object]]], ...] = (
+        ("tracker", fresh_tracker),
+        ("analytics", fresh_analytics),
+        ("events", fresh_events),
+        ("analytics_numpy", lambda: fresh_analytics(compiled=False)),  # the reference the kernels replace
+    )
+    for name, make in parts:
         row[name] = _time(make(), frames, warmup, repeats)
     row["events_messages_per_frame"] = round(out.published / max(1, repeats * len(frames)), 3)
     return row
@@ -319,6 +325,8 @@ def tracking_report(
     cost = {str(n): _cost(n, frames, repeats) for n in OBJECTS}
     report: dict[str, Any] = {
         "target_ms": TARGET_MS,
+        # Whether tracker, zones and lines ran compiled (pipelines/kernels) or as numpy (not built here).
+        "kernels": "compiled" if Tracker().compiled else "numpy",
         "cost_ms": cost,
         "meets_target": cost["20"]["analytics"]["cpu_ms_mean"] <= TARGET_MS,
         "zones": len(ZONES),
@@ -335,14 +343,16 @@ def summary(t: dict[str, Any]) -> str:
     c = t["cost_ms"]
     each = "; ".join(
         f"{n} objects: tracker {c[n]['tracker']['cpu_ms_mean']}, +{t['zones']} zones +{t['lines']} lines "
-        f"{c[n]['analytics']['cpu_ms_mean']}, with events {c[n]['events']['cpu_ms_mean']} ms"
+        f"{c[n]['analytics']['cpu_ms_mean']} (numpy {c[n]['analytics_numpy']['cpu_ms_mean']}), with events "
+        f"{c[n]['events']['cpu_ms_mean']} ms"
         for n in c
     )
     verdict = "met" if t["meets_target"] else "NOT met"
     ours = t["quality"].get("ours (greedy)", {})
     idf1 = {k: ours.get(k, {}).get("idf1") for k in ("crossing", "occlusion", "crowd")}
     line = (
-        f"Tracking, CPU per frame: {each} (target {t['target_ms']} ms at 20 objects: {verdict})."
+        f"Tracking ({t['kernels']}), CPU per frame: {each}"
+        f" (target {t['target_ms']} ms at 20 objects: {verdict})."
         f" IDF1 crossing {idf1['crossing']}, occlusion {idf1['occlusion']}, crowd {idf1['crowd']}"
         f" ({ours.get('crowd', {}).get('id_switches')} ID switches in the crowds)."
     )

@@ -121,8 +121,12 @@ cdef Py_ssize_t _pairs(double[:, ::1] tab, const double* cur, Py_ssize_t m, cons
             hi = 1 if score[j] >= high_score else 0
             iw = dmin(hx, x2[j]) - dmax(lx, x1[j])
             iw = dmax(iw, 0.0)
+            if iw == 0.0:
+                continue  # no overlap: IoU 0 passes no stage (every stage needs more than 0)
             ih = dmin(hy, y2[j]) - dmax(ly, y1[j])
             ih = dmax(ih, 0.0)
+            if ih == 0.0:
+                continue
             inter = iw * ih
             union = area + (x2[j] - x1[j]) * (y2[j] - y1[j])
             union -= inter
@@ -219,6 +223,8 @@ cdef class Kernel:
         for a in range(3):
             self.max_age[a] = max_age[a]
             for b in range(2):
+                if not stage_iou[a][b] > 0.0:
+                    raise ValueError("every stage needs an IoU above 0 (pairs without overlap are skipped)")
                 self.stage_iou[a][b] = stage_iou[a][b]
                 self.stage_bonus[a][b] = stage_bonus[a][b]
         self.c_pos = c_pos
