@@ -5,6 +5,11 @@ Every live track is one row of a float64 table (``Tracker.table``, columns below
 association and the Kalman update run over all rows at once, and selecting, appending or dropping tracks
 is one numpy call whatever the number of values per track. No Python loop per box.
 
+Two implementations of ``update``: the compiled kernel (pipelines/kernels/tracking.pyx, used where the
+package was built with it, about 10x cheaper at 20 objects: numpy's fixed cost per call dominates these
+small arrays) and the numpy code below, which is its reference (tests/test_kernels.py: identical tables
+and steps, bit for bit) and the fallback. Both take the same steps in the same order.
+
 Per frame (``update``), as ByteTrack (Zhang et al., ECCV 2022, github.com/ifzhang/ByteTrack) does it:
 1. predict every track to the frame's time (constant velocity; the time step is the real one, so frames
    the pipeline dropped widen the prediction instead of confusing it);

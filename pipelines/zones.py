@@ -21,6 +21,9 @@ the picture (y down: for a line drawn left to right, ``in`` is downwards), ``out
 
 State per (track, zone) and (track, line) lives in arrays aligned with the tracker's tracks and follows
 its ``Step.row_map``; everything per frame is vectorised over tracks x zones (x edges) and tracks x lines.
+Where the package was built with them, the per-frame steps (test, inertia, crossings, counts, following
+the tracker's rows) run compiled (pipelines/kernels/regions.pyx); the numpy code here is their reference
+and fallback (tests/test_kernels.py).
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ def _anchor_offsets(specs: Sequence[RegionSpec]) -> np.ndarray:
 def classes(table: np.ndarray, n_classes: int) -> np.ndarray:
     """(tracks,) class index of each track for the label masks: ids beyond the labels map to n_classes."""
     cls = table[CLS].astype(np.intp)
-    cls[(cls < 0) | (cls > n_classes)] = n_classes  # unknown: beyond the labels (or negative, from a bad model)
+    cls[(cls < 0) | (cls > n_classes)] = n_classes  # unknown: beyond the labels, or negative (a bad model)
     return cls
 
 
