@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipelines.frames import Detections
+from pipelines.lines import Lines
+from pipelines.regions import RegionSpec, Transition
 from pipelines.tracking import SCORE, Ended, Step, Tracker, TrackerParams
-from pipelines.zones import Lines, RegionSpec, Transition, Zones
+from pipelines.zones import Zones
 
 
 @dataclass(frozen=True)

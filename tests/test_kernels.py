@@ -18,8 +18,10 @@ from agent.bench.track_eval import SceneOptions, scene
 from pipelines import kernels
 from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections
+from pipelines.lines import Lines
+from pipelines.regions import RegionSpec
 from pipelines.tracking import Tracker, TrackerParams
-from pipelines.zones import Lines, RegionSpec, Zones
+from pipelines.zones import Zones
 
 SIZE = (1280, 720)
 ZONES = (

@@ -1,4 +1,4 @@
-"""Zones and lines (pipelines.zones) through a camera's analytics (pipelines.analytics), on scripted boxes."""
+"""Zones and lines (pipelines.zones, .lines) through a camera's analytics, on scripted boxes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections
+from pipelines.regions import RegionSpec, Transition, polygon_problem, segment_problem
 from pipelines.tracking import ID, TrackerParams
-from pipelines.zones import RegionSpec, Transition, polygon_problem, segment_problem
 
 SIZE = (1000, 500)
 PERSON, CAR = 0, 2

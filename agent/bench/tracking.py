@@ -29,8 +29,8 @@ from agent.events import CameraEvents, track_floor
 from agent.mqtt.topics import Topics
 from pipelines.analytics import AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections, Frame
+from pipelines.regions import RegionSpec
 from pipelines.tracking import BOX, ID, Tracker, TrackerParams
-from pipelines.zones import RegionSpec
 
 TARGET_MS = 0.1  # tracking + zones + lines per frame at 20 objects (issue 26)
 OBJECTS = (1, 20, 100)

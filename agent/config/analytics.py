@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, field_validator
 
 from agent.config.strict import StrictModel, raise_problem
-from pipelines.zones import polygon_problem, segment_problem
+from pipelines.regions import polygon_problem, segment_problem
 
 Anchor = Literal["bottom_center", "center", "top_center", "left_center", "right_center"]
 # [x, y]: YAML gives a list, strict mode would only take a tuple; the numbers stay strict (not "0.5").

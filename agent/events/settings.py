@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agent.config import CameraConfig, ConfigError
 from pipelines.analytics import AnalyticsSettings
+from pipelines.regions import RegionSpec
 from pipelines.tracking import TrackerParams
-from pipelines.zones import RegionSpec
 
 
 def _class_ids(

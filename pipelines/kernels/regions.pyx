@@ -1,10 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compiled per-frame steps of ``pipelines.zones.Zones`` and ``Lines``.
+"""Compiled per-frame steps of ``pipelines.zones.Zones`` and ``pipelines.lines.Lines``.
 
-The numpy code in pipelines/zones.py is the reference: the same arithmetic in the same order, in one pass
-over tracks x zones (x edges) and tracks x lines (tests/test_kernels.py checks both give the same states,
-transitions and counts). Bool arrays come in as uint8 views. The table's rows are pipelines.tracking's
-(cx, cy, w, h in rows 0-3 and the class are read).
+The numpy code in pipelines/zones.py and lines.py is the reference: the same arithmetic in the same
+order, in one pass over tracks x zones (x edges) and tracks x lines (tests/test_kernels.py checks both give
+the same states, transitions and counts). Arrays are checked (type, order, shape) before their data is
+read; the table's rows are pipelines.tracking's (cx, cy, w, h in rows 0-3 and the class are read).
 """
 
 import numpy as np
@@ -21,7 +21,7 @@ _NO_DWELL = np.zeros(0)
 _NO_DWELL.flags.writeable = False
 
 cdef enum:
-    R_CLS = 37  # the class row of pipelines.tracking's table (checked by pipelines.zones)
+    R_CLS = 37  # the class row of pipelines.tracking's table (checked by pipelines.regions)
 
 
 cdef inline double _anchor(double c, double off, double size) noexcept nogil:
@@ -41,7 +41,7 @@ cdef void* _data(cnp.ndarray a, int typenum, Py_ssize_t rows, Py_ssize_t cols, s
 
 
 cdef inline Py_ssize_t _class(double cls, Py_ssize_t n_classes) noexcept nogil:
-    # pipelines.zones.classes: ids beyond the labels, and negative ones, map to n_classes (unknown).
+    # pipelines.regions.classes: ids beyond the labels, and negative ones, map to n_classes (unknown).
     cdef Py_ssize_t c = <Py_ssize_t>cls
     return c if 0 <= c < n_classes else n_classes
 
@@ -55,7 +55,7 @@ cdef inline cnp.ndarray _zeros(Py_ssize_t rows, Py_ssize_t cols, int typenum):
 
 def zones_follow(const Py_ssize_t[::1] row_map, cnp.ndarray inside, cnp.ndarray streak, cnp.ndarray entered_at,
                  cnp.ndarray visited):
-    """The zones' per-track state in the tracker's new track order (pipelines.zones._follow, four arrays
+    """The zones' per-track state in the tracker's new track order (pipelines.regions.follow_rows, four arrays
     at once): returns (inside, streak, entered_at, visited), old rows moved, new tracks zero."""
     cdef Py_ssize_t n = row_map.shape[0], old = cnp.PyArray_DIMS(inside)[0], z_n = cnp.PyArray_DIMS(inside)[1]
     cdef Py_ssize_t i, z, r
@@ -211,7 +211,7 @@ cdef class ZonesKernel:
 
 
 cdef class LinesKernel:
-    """The lines of one camera at one picture size (pipelines.zones.Lines._compile makes one)."""
+    """The lines of one camera at one picture size (pipelines.lines.Lines._compile makes one)."""
 
     cdef const double[::1] nx, ny, c, ux, uy, u0
     cdef const double[:, ::1] offsets
