@@ -19,6 +19,7 @@ from agent.bench.track_eval import (
     scene,
 )
 from pipelines.frames import Detections
+from pipelines.matching import greedy_match, iou_matrix
 from pipelines.tracking import (
     BOX,
     COV_PV,
@@ -29,8 +30,6 @@ from pipelines.tracking import (
     VEL,
     Tracker,
     TrackerParams,
-    greedy_match,
-    iou_matrix,
 )
 
 RECORDED = Path(__file__).parent / "data" / "bikes_detections.npz"

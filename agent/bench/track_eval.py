@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.frames import Detections
-from pipelines.tracking import iou_matrix
+from pipelines.matching import iou_matrix
 
 
 # ---- assignment ----

@@ -142,7 +142,7 @@ cdef Py_ssize_t _pairs(double[:, ::1] tab, const double* cur, Py_ssize_t m, cons
 cdef Py_ssize_t _greedy(Pair* pairs, Py_ssize_t k, Py_ssize_t n, Py_ssize_t m, Py_ssize_t* row_col,
                         Py_ssize_t* col_row) noexcept nogil:
     """Greedy matching, best pair first (ties: lower row, then lower column): the pairs of
-    pipelines.tracking.greedy_match. ``row_col[i]``: the column matched to row i, -1 for none."""
+    pipelines.matching.greedy_match. ``row_col[i]``: the column matched to row i, -1 for none."""
     cdef Py_ssize_t i, j, p, found = 0
     for i in range(n):
         row_col[i] = -1
