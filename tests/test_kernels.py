@@ -237,3 +237,14 @@ def test_wrong_arrays_are_refused_not_read() -> None:
         )
     with pytest.raises(IndexError, match="confirmed"):
         zones._kernel.step(table, np.ones(3, bool), np.array([3], np.intp), *good, 0.0)
+    with pytest.raises(ValueError, match="table"):
+        zones._kernel.step(np.zeros((4, 3)), np.ones(3, bool), np.zeros(0, np.intp), *good, 0.0)
+    tracker = Tracker()
+    d = Detections(np.zeros((2, 4), np.float32), np.ones(2, np.float32), np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="table"):
+        tracker._kernel.update(np.zeros((39, 0)), d.boxes, d.scores, d.class_ids, 0.0, 0.0, 0, 0.0, 1)
+    with pytest.raises(ValueError, match="detections"):
+        tracker._kernel.update(tracker.table, d.boxes, d.scores[:1], d.class_ids, 0.0, 0.0, 0, 0.0, 1)
+    with pytest.raises(ValueError, match="detections"):
+        three = d.boxes[:, :3].copy()
+        tracker._kernel.update(tracker.table, three, d.scores, d.class_ids, 0.0, 0.0, 0, 0.0, 1)

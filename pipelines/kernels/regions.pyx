@@ -132,6 +132,8 @@ cdef class ZonesKernel:
         the (tracks, Z) flip mask); dwell: NaN for an enter, the time inside for a leave; counts: the new
         (Z, classes + 1) counts of tracks inside, None when nothing flipped."""
         cdef Py_ssize_t n = tab.shape[1], z_n = self.inertia.shape[0], i, z, e, k = 0, p, c
+        if tab.shape[0] <= R_CLS:
+            raise ValueError(f"table: {tab.shape[0]} rows, the class is row {R_CLS}")
         cdef double x, y, xint
         cdef bint raw, differs
         cdef const unsigned char* active = <const unsigned char*>_data(active_a, cnp.NPY_BOOL, n, -1, "active")
@@ -234,6 +236,8 @@ cdef class LinesKernel:
         1 out, classes) of the crossings that count (the anchor's projection within the segment, the line
         counting the class), row-major."""
         cdef Py_ssize_t n = tab.shape[1], l_n = self.nx.shape[0], i, j, k = 0, p, cl
+        if tab.shape[0] <= R_CLS:
+            raise ValueError(f"table: {tab.shape[0]} rows, the class is row {R_CLS}")
         cdef double x, y, dist, eps, u
         cdef signed char now
         cdef const unsigned char* active = <const unsigned char*>_data(active_a, cnp.NPY_BOOL, n, -1, "active")

@@ -243,6 +243,11 @@ cdef class Kernel:
         """
         cdef double[:, ::1] tab = table_in
         cdef Py_ssize_t n = tab.shape[1], m = scores.shape[0]
+        if tab.shape[0] != ROWS:
+            raise ValueError(f"table: {tab.shape[0]} rows, the layout has {ROWS}")
+        if boxes.shape[0] != m or cls.shape[0] != m or (m and boxes.shape[1] != 4):
+            raise ValueError(f"detections: {boxes.shape[0]} boxes of {boxes.shape[1]}, {m} scores, "
+                             f"{cls.shape[0]} classes")
         cdef Pair* pairs = <Pair*>malloc((n * m + 1) * sizeof(Pair))
         cdef Py_ssize_t* scratch = <Py_ssize_t*>malloc((4 * n + 2 * m + 1) * sizeof(Py_ssize_t))
         cdef double* cur = <double*>malloc((7 * m + 1) * sizeof(double))
