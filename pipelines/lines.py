@@ -134,7 +134,7 @@ class Lines(Regions):
 
     def follow(self, row_map: np.ndarray) -> None:
         if self._module is not None:
-            self.side = self._module.lines_follow(row_map, self.side)
+            self.side = self._module.follow_rows(row_map, self.side)
         else:
             self.side = follow_rows(self.side, row_map, moved_rows(row_map))
 

@@ -173,9 +173,9 @@ class Zones(Regions):
     def follow(self, row_map: np.ndarray) -> None:
         """Re-align the per-track state with the tracker's tracks after a step that added or dropped some."""
         if self._module is not None:
-            self.inside, self._streak, self.entered_at, self.visited = self._module.zones_follow(
-                row_map, self.inside, self._streak, self.entered_at, self.visited
-            )
+            follow = self._module.follow_rows
+            for name in ("inside", "entered_at", "visited", "_streak"):
+                setattr(self, name, follow(row_map, getattr(self, name)))
             return
         moved = moved_rows(row_map)
         for name in ("inside", "entered_at", "visited", "_streak"):

@@ -221,10 +221,10 @@ def test_wrong_arrays_are_refused_not_read() -> None:
     mod = kernels.load("regions")
     assert mod is not None
     table = np.zeros((40, 3))
-    with pytest.raises(TypeError, match="side"):
-        mod.lines_follow(np.array([0, 1], np.intp), np.zeros((3, 2), np.int16))
+    with pytest.raises(TypeError, match="state"):
+        mod.follow_rows(np.array([0, 1], np.intp), np.zeros((3, 2), np.int16).T)
     with pytest.raises(IndexError, match="row_map"):
-        mod.lines_follow(np.array([0, 5], np.intp), np.zeros((3, 2), np.int8))
+        mod.follow_rows(np.array([0, 5], np.intp), np.zeros((3, 2), np.int8))
     zones = Zones(ZONES, 3)
     zones._compile(SIZE)
     z = len(ZONES)

@@ -11,6 +11,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport NAN
+from libc.string cimport memcpy
 
 cnp.import_array()
 
@@ -53,54 +54,27 @@ cdef inline cnp.ndarray _zeros(Py_ssize_t rows, Py_ssize_t cols, int typenum):
     return cnp.PyArray_ZEROS(2, d, typenum, 0)
 
 
-def zones_follow(const Py_ssize_t[::1] row_map, cnp.ndarray inside, cnp.ndarray streak, cnp.ndarray entered_at,
-                 cnp.ndarray visited):
-    """The zones' per-track state in the tracker's new track order (pipelines.regions.follow_rows, four arrays
-    at once): returns (inside, streak, entered_at, visited), old rows moved, new tracks zero."""
-    cdef Py_ssize_t n = row_map.shape[0], old = cnp.PyArray_DIMS(inside)[0], z_n = cnp.PyArray_DIMS(inside)[1]
-    cdef Py_ssize_t i, z, r
-    cdef const unsigned char* in1 = <const unsigned char*>_data(inside, cnp.NPY_BOOL, old, z_n, "inside")
-    cdef const short* st1 = <const short*>_data(streak, cnp.NPY_INT16, old, z_n, "streak")
-    cdef const double* en1 = <const double*>_data(entered_at, cnp.NPY_FLOAT64, old, z_n, "entered_at")
-    cdef const unsigned char* vi1 = <const unsigned char*>_data(visited, cnp.NPY_BOOL, old, z_n, "visited")
-    inside_a = _zeros(n, z_n, cnp.NPY_BOOL)
-    streak_a = _zeros(n, z_n, cnp.NPY_INT16)
-    entered_a = _zeros(n, z_n, cnp.NPY_FLOAT64)
-    visited_a = _zeros(n, z_n, cnp.NPY_BOOL)
-    cdef unsigned char* in2 = <unsigned char*>cnp.PyArray_DATA(inside_a)
-    cdef short* st2 = <short*>cnp.PyArray_DATA(streak_a)
-    cdef double* en2 = <double*>cnp.PyArray_DATA(entered_a)
-    cdef unsigned char* vi2 = <unsigned char*>cnp.PyArray_DATA(visited_a)
+def follow_rows(const Py_ssize_t[::1] row_map, cnp.ndarray state):
+    """``state`` ((tracks, k), any type, C order) in the tracker's new track order: old rows moved, new
+    tracks zero (pipelines.regions.follow_rows)."""
+    if cnp.PyArray_NDIM(state) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(state):
+        raise TypeError(f"state: need a C-ordered 2-D array, got shape {(<object>state).shape}")
+    cdef Py_ssize_t n = row_map.shape[0], old = cnp.PyArray_DIMS(state)[0], i, r
+    cdef size_t row = cnp.PyArray_DIMS(state)[1] * cnp.PyArray_ITEMSIZE(state)
+    cdef cnp.npy_intp d[2]
+    d[0] = n
+    d[1] = cnp.PyArray_DIMS(state)[1]
+    out = cnp.PyArray_ZEROS(2, d, cnp.PyArray_TYPE(state), 0)
+    cdef const char* src = <const char*>cnp.PyArray_DATA(state)
+    cdef char* dst = <char*>cnp.PyArray_DATA(out)
     for i in range(n):
         r = row_map[i]
         if r < 0:
             continue
         if r >= old:
             raise IndexError(f"row_map: {r} beyond the {old} tracks")
-        for z in range(z_n):
-            in2[i * z_n + z] = in1[r * z_n + z]
-            st2[i * z_n + z] = st1[r * z_n + z]
-            en2[i * z_n + z] = en1[r * z_n + z]
-            vi2[i * z_n + z] = vi1[r * z_n + z]
-    return inside_a, streak_a, entered_a, visited_a
-
-
-def lines_follow(const Py_ssize_t[::1] row_map, cnp.ndarray side):
-    """The lines' ``side`` in the tracker's new track order: old rows moved, new tracks 0 (not yet known)."""
-    cdef Py_ssize_t n = row_map.shape[0], old = cnp.PyArray_DIMS(side)[0], l_n = cnp.PyArray_DIMS(side)[1]
-    cdef Py_ssize_t i, j, r
-    cdef const signed char* s1 = <const signed char*>_data(side, cnp.NPY_INT8, old, l_n, "side")
-    side_a = _zeros(n, l_n, cnp.NPY_INT8)
-    cdef signed char* s2 = <signed char*>cnp.PyArray_DATA(side_a)
-    for i in range(n):
-        r = row_map[i]
-        if r < 0:
-            continue
-        if r >= old:
-            raise IndexError(f"row_map: {r} beyond the {old} tracks")
-        for j in range(l_n):
-            s2[i * l_n + j] = s1[r * l_n + j]
-    return side_a
+        memcpy(dst + i * row, src + r * row, row)
+    return out
 
 
 cdef class ZonesKernel:
