@@ -127,10 +127,7 @@ class RegionSpec:
 
 def _regions_module() -> ModuleType | None:
     """The compiled steps (pipelines.kernels), if built and reading the tracker's class row."""
-    mod = kernels.load("regions")
-    if mod is not None and mod.LAYOUT != {"CLS": CLS}:
-        raise ImportError(f"pipelines.kernels.regions: table layout {mod.LAYOUT} != CLS {CLS}: rebuild it")
-    return mod
+    return kernels.load("regions", {"CLS": CLS})
 
 
 def _label_mask(specs: Sequence[RegionSpec], n_classes: int) -> np.ndarray:

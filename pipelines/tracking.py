@@ -125,16 +125,32 @@ _STAGE_BONUS = np.array([[0.0, 0.0], [1.0, 2.0], [0.0, 2.0]])
 _SIZE_ROWS = np.array([2, 3, 2, 3])  # the width scales x and w, the height y and h
 
 
+# What the compiled step indexes (pipelines/kernels/tracking.pyx has the same numbers as its LAYOUT).
+_LAYOUT = {
+    name: (v.start if isinstance(v, slice) else v)
+    for name, v in (
+        ("VEL", VEL),
+        ("VAR_POS", VAR_POS),
+        ("COV_PV", COV_PV),
+        ("VAR_VEL", VAR_VEL),
+        ("CUR", CUR),
+        ("SCORE", SCORE),
+        ("BEST", BEST),
+        ("BEST_SCORE", BEST_SCORE),
+        ("LAST_T", LAST_T),
+        ("FIRST_SEEN", FIRST_SEEN),
+        ("ID", ID),
+        ("CLS", CLS),
+        ("STATE", STATE),
+        ("HITS", HITS),
+        ("ROWS", ROWS),
+    )
+}
+
+
 def _kernel_module() -> ModuleType | None:
     """The compiled step, if built and laid out as this module's table (pipelines.kernels)."""
-    mod = kernels.load("tracking")
-    if mod is None:
-        return None
-    here = {name: globals()[name] for name in mod.LAYOUT}
-    here = {k: (v.start if isinstance(v, slice) else v) for k, v in here.items()}
-    if here != mod.LAYOUT:
-        raise ImportError(f"pipelines.kernels.tracking: table layout {mod.LAYOUT} != {here}: rebuild it")
-    return mod
+    return kernels.load("tracking", _LAYOUT)
 
 
 def _size2(pos: np.ndarray) -> np.ndarray:

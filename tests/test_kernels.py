@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from agent.bench.track_eval import SceneOptions, scene
-from pipelines import kernels
+from pipelines import kernels, tracking
 from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections
 from pipelines.lines import Lines
@@ -108,16 +108,26 @@ def _three_classes(kind: str, seed: int, opts: SceneOptions | None = None) -> li
 def test_the_kernels_are_built() -> None:
     """The install (README: pip install -e .) compiles them; without a C compiler the agent would run the
     numpy code, several times slower (README "Tracking, zones and events")."""
-    assert kernels.load("tracking") is not None and kernels.load("regions") is not None
-    assert Tracker().compiled
+    assert Tracker().compiled and Zones(ZONES, 3)._module is not None and Lines(LINES, 3)._module is not None
     assert not Tracker(TrackerParams(match="optimal")).compiled  # Hungarian: numpy + scipy, comparisons only
 
 
 def test_numpy_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGE_AGENT_KERNELS", "numpy")
-    assert kernels.load("tracking") is None and kernels.load("regions") is None
     assert not Tracker().compiled
     assert Zones(ZONES, 3)._module is None and Lines(LINES, 3)._module is None
+
+
+def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel built for another table layout (an old build beside newer Python code) falls back to numpy,
+    with a warning, instead of reading the wrong rows."""
+    mod = kernels.load("tracking", tracking._LAYOUT)
+    assert mod is not None
+    monkeypatch.setattr(mod, "LAYOUT", {**mod.LAYOUT, "HITS": 38})
+    monkeypatch.setattr(kernels, "_said", set())
+    with caplog.at_level("WARNING", logger="pipelines.kernels"):
+        assert not Tracker().compiled
+    assert "another table layout" in caplog.text and "reinstall" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["crossing", "occlusion", "crowd"])
@@ -218,7 +228,7 @@ def test_strided_and_other_dtypes_are_taken() -> None:
 
 def test_wrong_arrays_are_refused_not_read() -> None:
     """The kernels check what they index (no read or write outside an array on a caller's mistake)."""
-    mod = kernels.load("regions")
+    mod = kernels.load("regions", {"CLS": tracking.CLS})
     assert mod is not None
     table = np.zeros((40, 3))
     with pytest.raises(TypeError, match="state"):
