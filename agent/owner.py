@@ -116,7 +116,8 @@ class DeviceOwner:
 
     def _publish_telemetry(self, fields: dict[str, Any]) -> None:
         """One telemetry payload: to Prometheus and, when connected to a broker, on the telemetry topic."""
-        self.metrics.update(fields)
+        configured = [name for name, cam in self.cfg.cameras.items() if cam.enabled]
+        self.metrics.update(fields, cameras=configured)  # a removed camera's series go
         if self.mqtt is not None:
             self.mqtt.publish(self.topics.telemetry, payload("telemetry", **fields), qos=0, kind="event")
 

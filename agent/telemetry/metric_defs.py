@@ -18,16 +18,26 @@ from agent.telemetry.collectors import LatencyHistogram
 
 
 class _Make:
-    """Gauges and counters in one namespace and registry."""
+    """Gauges and counters in one namespace and registry; those labelled by camera first are noted in
+    ``per_camera`` (their series go when the camera goes: Metrics.update)."""
 
     def __init__(self, namespace: str, registry: CollectorRegistry) -> None:
         self.ns, self.registry = namespace, registry
+        self.per_camera: list[Gauge | Counter] = []
+
+    def _note(self, metric: Gauge | Counter, labels: Sequence[str]) -> None:
+        if labels and labels[0] == "camera":
+            self.per_camera.append(metric)
 
     def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(name, doc, list(labels), namespace=self.ns, registry=self.registry)
+        g = Gauge(name, doc, list(labels), namespace=self.ns, registry=self.registry)
+        self._note(g, labels)
+        return g
 
     def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
-        return Counter(name, doc, list(labels), namespace=self.ns, registry=self.registry)
+        c = Counter(name, doc, list(labels), namespace=self.ns, registry=self.registry)
+        self._note(c, labels)
+        return c
 
 
 class MetricDefs:
@@ -50,6 +60,7 @@ class MetricDefs:
         self._define_process_gpu(make)
         self._define_shards_mqtt(make)
         self._define_tracking(make)
+        self.per_camera = tuple(make.per_camera)  # metrics whose first label is the camera
 
     def _define_stages_cameras(self, m: _Make) -> None:
         self.stage_latency_window = m.gauge(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from prometheus_client import Counter, start_http_server
@@ -30,7 +30,28 @@ class Metrics(MetricDefs):
         super().__init__(namespace)
         self._totals: dict[tuple[str, ...], float] = {}  # last totals seen, for the counters' increments
         self._zone_labels: set[tuple[str, str, str]] = set()
+        # Series of the per-camera metrics made so far (by metric), so a removed camera's can go.
+        self._series: dict[int, set[tuple[str, ...]]] = {id(m): set() for m in self.per_camera}
         self._server: Any = None
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        """``metric.labels(*labels)``, noting the series where the metric is per camera."""
+        series = self._series.get(id(metric))
+        if series is not None:
+            series.add(labels)
+        return metric.labels(*labels)
+
+    def _forget_cameras(self, keep: set[str]) -> None:
+        """Remove every series of a camera not in ``keep`` (removed or disabled by a reload): a dashboard
+        must not show its last values forever. Its counters start from 0 if it comes back."""
+        for metric in self.per_camera:
+            series = self._series[id(metric)]
+            for labels in [s for s in series if s[0] not in keep]:
+                metric.remove(*labels)
+                series.discard(labels)
+        ids = {str(id(m)) for m in self.per_camera}
+        self._totals = {k: v for k, v in self._totals.items() if k[0] not in ids or k[1] in keep}
+        self._zone_labels = {z for z in self._zone_labels if z[0] in keep}
 
     def _advance(self, counter: Counter, labels: tuple[str, ...], total: Any) -> None:
         """Bring a Counter to a total reported by the agent: the increase since the last update; a total that
@@ -42,7 +63,7 @@ class Metrics(MetricDefs):
         last = self._totals.get(key, 0.0)
         step = total - last if total >= last else total
         if step > 0:
-            (counter.labels(*labels) if labels else counter).inc(step)
+            (self._child(counter, labels) if labels else counter).inc(step)
         self._totals[key] = total
 
     def _update_tracking(self, cameras: Mapping[str, Any]) -> None:
@@ -51,23 +72,25 @@ class Metrics(MetricDefs):
             tr = c.get("tracking")
             if not isinstance(tr, Mapping):
                 continue
-            self.tracks_active.labels(cam).set(tr.get("tracks_active", 0))
+            self._child(self.tracks_active, (cam,)).set(tr.get("tracks_active", 0))
             self._advance(self.tracks_started, (cam,), tr.get("tracks_started", 0))
             for kind, n in (tr.get("events") or {}).items():
                 self._advance(self.events, (cam, kind), n)
             for zone, counts in (tr.get("zones") or {}).items():
                 for label, n in counts.items():
-                    self.zone_objects.labels(cam, zone, label).set(n)
+                    self._child(self.zone_objects, (cam, zone, label)).set(n)
                     zone_labels.add((cam, zone, label))
             for line, counts in (tr.get("lines") or {}).items():
                 for direction, n in counts.items():
                     self._advance(self.line_crossings, (cam, line, direction), n)
         for gone in self._zone_labels - zone_labels:  # a zone removed by a reload
             self.zone_objects.remove(*gone)
+            self._series[id(self.zone_objects)].discard(gone)
         self._zone_labels = zone_labels
 
-    def update(self, fields: Mapping[str, Any]) -> None:
-        """Update every metric from a ``build_telemetry`` dict."""
+    def update(self, fields: Mapping[str, Any], cameras: Collection[str] | None = None) -> None:
+        """Update every metric from a ``build_telemetry`` dict. ``cameras``: the configured (enabled) ones;
+        series of any other camera are removed (None: keep every camera seen)."""
         self._update_stages(fields.get("stages", {}))
         self._update_cameras(fields.get("cameras", {}))
         self._update_tracking(fields.get("cameras", {}))
@@ -85,6 +108,8 @@ class Metrics(MetricDefs):
         self._update_gpus(fields.get("gpu") or {})
         self._update_shards(fields.get("shards") or [])
         self._update_mqtt(fields.get("mqtt") or {})
+        if cameras is not None:
+            self._forget_cameras(set(cameras))
 
     def _update_stages(self, stages: Mapping[str, Any]) -> None:
         for stage, row in stages.items():
@@ -103,14 +128,14 @@ class Metrics(MetricDefs):
             for direction in ("in", "out"):
                 v = c.get(f"fps_{direction}")
                 if v is not None:
-                    self.camera_fps.labels(cam, direction).set(v)
+                    self._child(self.camera_fps, (cam, direction)).set(v)
             self._advance(self.camera_dropped, (cam,), c.get("dropped"))
             self._advance(self.camera_stale, (cam,), c.get("dropped_stale"))
             self._advance(self.camera_reconnects, (cam,), c.get("reconnects"))
             self._advance(self.camera_loops, (cam,), c.get("loops"))
             self._advance(self.camera_decode_errors, (cam,), c.get("decode_errors"))
             if c.get("frame_age_ms") is not None:
-                self.camera_frame_age.labels(cam).set(c["frame_age_ms"] / 1000.0)
+                self._child(self.camera_frame_age, (cam,)).set(c["frame_age_ms"] / 1000.0)
 
     def _update_gpus(self, gpus: Mapping[str, Any]) -> None:
         for idx, g in gpus.items():
