@@ -21,6 +21,9 @@ import numpy as np
 from pipelines.regions import ANCHORS, Regions, RegionSpec, Transition, classes, follow_rows, moved_rows
 from pipelines.tracking import CLS, ID, POS, Ended
 
+_NO_ROWS = np.zeros(0, np.intp)  # a frame in which no track entered or left
+_NO_DWELL = np.zeros(0)
+
 
 class Zones(Regions):
     """The zones of one camera and which tracks are in them (arrays aligned with the tracker's tracks)."""
@@ -116,9 +119,8 @@ class Zones(Regions):
         confirmed in it. Appends enters and leaves to ``out``; True when a count changed."""
         if self._size != size:
             self._compile(size)
-        if self._kernel is None:
-            return self._update_numpy(table, active, confirmed, ts, size, out)
-        tracks, zones, dwell, counts = self._kernel.step(
+        step = self._kernel.step if self._kernel is not None else self._step_numpy
+        tracks, zones, dwell, counts = step(
             table, active, confirmed, self.inside, self._streak, self.entered_at, self.visited, ts
         )
         if counts is None:
@@ -133,42 +135,39 @@ class Zones(Regions):
                 out.append(Transition("zone_leave", z, t, c, d))
         return True
 
-    def _update_numpy(
+    def _step_numpy(
         self,
         table: np.ndarray,
         active: np.ndarray,
         confirmed: np.ndarray,
+        inside: np.ndarray,
+        streak: np.ndarray,
+        entered_at: np.ndarray,
+        visited: np.ndarray,
         ts: float,
-        size: tuple[int, int],
-        out: list[Transition],
-    ) -> bool:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The compiled ``ZonesKernel.step`` in numpy (its reference): the same arguments, updates and
+        result (flipped tracks and zones in row-major order, dwell NaN for an enter, new counts or None)."""
         cls = classes(table, self.n_classes)
-        raw = self.test(table, cls, size)
-        np.copyto(raw, self.inside, where=~active[:, None])
-        differs = raw != self.inside
-        streak = self._streak
+        assert self._size is not None
+        raw = self.test(table, cls, self._size)
+        np.copyto(raw, inside, where=~active[:, None])
+        differs = raw != inside
         streak += 1
         streak *= differs
         flip = streak >= self._inertia
         if confirmed.size:
             flip[confirmed] = differs[confirmed]  # a new track starts in or out at once
         if not np.count_nonzero(flip):
-            return False
+            return _NO_ROWS, _NO_ROWS, _NO_DWELL, None
         streak[flip] = 0
-        self.inside ^= flip
+        inside ^= flip
         tracks, zones = flip.nonzero()
-        ids = table[ID].take(tracks).astype(np.int64)
-        class_ids = table[CLS].take(tracks).astype(np.int64)
-        for k, (t, z) in enumerate(zip(tracks.tolist(), zones.tolist(), strict=True)):
-            if self.inside[t, z]:
-                self.entered_at[t, z] = ts
-                self.visited[t, z] = True
-                out.append(Transition("zone_enter", z, int(ids[k]), int(class_ids[k])))
-            else:
-                dwell = ts - self.entered_at[t, z]
-                out.append(Transition("zone_leave", z, int(ids[k]), int(class_ids[k]), dwell))
-        self._count(cls)
-        return True
+        entered = inside[tracks, zones]
+        dwell = np.where(entered, np.nan, ts - entered_at[tracks, zones])
+        entered_at[tracks[entered], zones[entered]] = ts
+        visited[tracks[entered], zones[entered]] = True
+        return tracks, zones, dwell, self._counts(cls)
 
     def follow(self, row_map: np.ndarray) -> None:
         """Re-align the per-track state with the tracker's tracks after a step that added or dropped some."""
@@ -198,15 +197,16 @@ class Zones(Regions):
         """(len(rows), Z) bool: zones each of these tracks has been in."""
         return self.visited.take(rows, axis=0)
 
-    def _count(self, cls: np.ndarray) -> None:
+    def _counts(self, cls: np.ndarray) -> np.ndarray:
+        """(Z, classes + 1) tracks inside each zone by class (``cls``: from ``classes``)."""
         tracks, zones = self.inside.nonzero()
         width = self.n_classes + 1
         counts = np.bincount(zones * width + cls.take(tracks), minlength=len(self.specs) * width)
-        self.counts = counts.reshape(len(self.specs), width)
+        return counts.reshape(len(self.specs), width)
 
     def recount(self, table: np.ndarray) -> None:
         """Counts from ``inside`` again (tracks of ``table``, after ``follow``)."""
-        self._count(classes(table, self.n_classes))
+        self.counts = self._counts(classes(table, self.n_classes))
 
     def clear(self) -> None:
         """Every track out of every zone, counts zero (a reset: the caller reports the leaves first)."""
