@@ -1,11 +1,16 @@
 """The tree keeps its structure: layers agent -> pipelines -> engines, no import circle, and in agent/ and
-engines/ no module over 400 lines and no function over 60 (tools/arch_check.py)."""
+engines/ no module over 400 lines and no function over 60; every package and .py file is seen by git and
+ruff (tools/arch_check.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,4 +67,47 @@ def test_the_checker_sees_each_kind_of_breach(tmp_path: Path) -> None:
 
 def test_the_tree_holds_its_structure() -> None:
     found = _checker().breaches()
+    assert not found, "\n".join(found)
+
+
+def test_an_unanchored_ignore_rule_that_hides_a_package_is_found(tmp_path: Path) -> None:
+    check = _checker()
+    root = _tree(
+        tmp_path,
+        {
+            ".gitignore": "build/\n/dist/\n__pycache__/\n",  # build/ meant the root's, hides engines/build/
+            "engines/build/__init__.py": "",
+            "engines/build/plan.py": "x = 1\n",
+            "agent/cli/__pycache__/skip.py": "",  # bytecode folders are not sources
+            "dist/agent/copy.py": "",  # the package build's output at the root is not a source
+        },
+    )
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    assert check.sources(root) == [
+        "agent/",
+        "agent/__init__.py",
+        "engines/",
+        "engines/__init__.py",
+        "engines/build/",
+        "engines/build/__init__.py",
+        "engines/build/plan.py",
+        "pipelines/",
+        "pipelines/__init__.py",
+    ]
+    assert check.hidden(root) == [
+        "engines/build/: ignored by git (.gitignore:1:build/)",
+        "engines/build/__init__.py: ignored by git (.gitignore:1:build/)",
+        "engines/build/plan.py: ignored by git (.gitignore:1:build/)",
+        "engines/build/__init__.py: not linted by ruff",
+        "engines/build/plan.py: not linted by ruff",
+    ]
+    (root / ".gitignore").write_text("/build/\n/dist/\n__pycache__/\n")
+    assert check.hidden(root) == []
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout"
+)
+def test_every_package_and_source_is_seen_by_git_and_ruff() -> None:
+    found = _checker().hidden()
     assert not found, "\n".join(found)

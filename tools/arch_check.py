@@ -5,11 +5,14 @@
 - Layers: agent -> pipelines -> engines; a module never imports a layer above its own.
 - No import circle between modules (every import counts: top level, inside functions, TYPE_CHECKING).
 - In agent/ and engines/: no module over 400 lines, no function over 60 (def line to last line).
+- Every package and every .py file is seen by git and by ruff: no ignore rule hides one (`hidden`).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,11 +159,73 @@ def breaches(root: Path = ROOT) -> list[str]:
     ]
 
 
+# Not walked for sources: VCS, virtual environments and tool caches (dot-folders), bytecode, and the
+# package build's outputs at the root (copies of the sources, rightly ignored).
+_OUTPUTS = ("build", "dist")
+
+
+def sources(root: Path = ROOT) -> list[str]:
+    """Every .py file and every package folder (one with an __init__.py) of the tree, tracked or not,
+    relative to root ("agent/cli/__init__.py", "agent/cli/")."""
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder).relative_to(root)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d != "__pycache__"
+            and not (here == Path(".") and (d in _OUTPUTS or d.endswith(".egg-info")))
+        )
+        if "__init__.py" in files and here != Path("."):
+            found.append(f"{here.as_posix()}/")
+        found += [(here / f).as_posix() for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
+def hidden(root: Path = ROOT) -> list[str]:
+    """The sources git ignores (`git check-ignore`, tracked or not) or `ruff check` does not list: a file
+    there would never be committed, or never linted."""
+    paths = sources(root)
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--verbose", "--stdin"],
+        cwd=root,
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+    )
+    if ignored.returncode not in (0, 1):  # 1: nothing ignored
+        raise RuntimeError(f"git check-ignore failed: {ignored.stderr.strip()}")
+    found = [f"{path}: ignored by git ({rule})" for rule, _, path in _split(ignored.stdout)]
+    listed = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0:
+        raise RuntimeError(f"ruff check --show-files failed: {listed.stderr.strip()}")
+    linted = {Path(line).resolve() for line in listed.stdout.splitlines() if line.strip()}
+    found += [
+        f"{path}: not linted by ruff"
+        for path in paths
+        if path.endswith(".py") and (root / path).resolve() not in linted
+    ]
+    return found
+
+
+def _split(verbose: str) -> Iterator[tuple[str, str, str]]:
+    """`git check-ignore --verbose` lines ("SOURCE:LINE:PATTERN<TAB>PATH") as (rule, tab, path)."""
+    for line in verbose.splitlines():
+        if line.strip():
+            yield line.partition("\t")
+
+
 def main() -> int:
-    found = breaches()
+    found = [*breaches(), *hidden()]
     for line in found:
         print(line)
-    print(f"{len(found)} breach(es)" if found else "structure holds: layers, no circles, sizes")
+    print(f"{len(found)} breach(es)" if found else "structure holds: layers, no circles, sizes, sources seen")
     return 1 if found else 0
 
 
