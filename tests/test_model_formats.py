@@ -147,3 +147,36 @@ def test_a_grafted_onnx_that_disagrees_with_the_config_is_refused(toy: None, tmp
 
 def test_the_config_choices_are_the_registry() -> None:
     assert set(get_args(ModelConfig.model_fields["format"].annotation)) == set(formats())
+
+
+def test_a_registered_format_is_a_choice_of_every_format_flag(toy: None, tmp_path: Path) -> None:
+    """`edge-agent build --format` and `bench --format` take the registry's names, read when the parser
+    is built, and `build --calib` of images without --format names them."""
+    import argparse
+
+    from agent.bench.args import add_arguments
+    from agent.cli.parser import build_parser
+    from agent.lifecycle.standalone import UsageError, calibration_data
+
+    args = build_parser().parse_args(["build", "--onnx", "m.onnx", "--format", "toy"])
+    assert args.format == "toy"
+    bench = argparse.ArgumentParser()
+    add_arguments(bench)
+    assert bench.parse_args(["--format", "toy"]).format == "toy"
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "a.jpg").write_bytes(b"not read before --format is checked")
+    with pytest.raises(UsageError, match=r"give --format \(nanodet, yolov8, yolo11, yolov5, toy\)"):
+        calibration_data(tmp_path / "calib", None, tmp_path / "m.onnx")
+
+
+def test_the_documented_format_lists_are_the_registry() -> None:
+    """README's config table, DESIGN's and the example config's comments list the registry's names."""
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+    row_start = "| `models.M.onnx` / `labels` / `format`"
+    [row] = [line for line in readme.splitlines() if line.startswith(row_start)]
+    assert row.rpartition("output layout: ")[2].rstrip(" |").split(", ") == [f"`{f}`" for f in formats()]
+    for doc in (repo / "docs" / "DESIGN.md", repo / "examples" / "agent.yaml"):
+        [line] = [line for line in doc.read_text().splitlines() if line.strip().startswith("format:")]
+        listed = line.partition("#")[2].split("(")[0].split("|")
+        assert [name.strip() for name in listed] == list(formats()), doc

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import onnx
 
-from pipelines.models import GraftParams, ModelSpec
+from pipelines.models import GraftParams, ModelSpec, formats
 from pipelines.models.graft import graft_spec
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("onnx", type=Path)
-    p.add_argument("--format", default="nanodet", help="nanodet, yolov8 (yolo11), yolov5")
+    p.add_argument("--format", default="nanodet", choices=formats())
     p.add_argument("--classes", type=int, default=80)
     p.add_argument("--score", type=float, default=0.35, help="score threshold baked into the graph")
     p.add_argument("--iou", type=float, default=0.5)

@@ -9,6 +9,8 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.models.registry import formats
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
 SECTIONS = ("stages", "overhead", "sweep")  # the default
 KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode")
@@ -67,7 +69,7 @@ def _what_arguments(p: argparse.ArgumentParser) -> None:
         " frame at 1/20/100 objects, IDF1 and ID switches, MQTT messages on the clip",
     )
     p.add_argument("--model", type=Path, default=BenchOptions.model, help="ONNX model (default: bundled)")
-    p.add_argument("--format", default="nanodet", help="its output layout (nanodet, yolov8, ...)")
+    p.add_argument("--format", default="nanodet", choices=formats(), help="its output layout")
     p.add_argument("--labels", type=Path, default=BenchOptions.labels)
     p.add_argument("--clip", type=Path, default=BenchOptions.clip, help="video (default: bundled clip)")
     p.add_argument("--frames", type=int, default=200, help="clip frames for the stages section")

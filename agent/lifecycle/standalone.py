@@ -41,7 +41,7 @@ from engines.settings import BuildSettings, Profile, Shapes, onnx_input_shapes
 from engines.store import EngineStore, sha256_file
 from engines.store.lock import process_command
 from engines.trt import TrtApi, import_trt
-from pipelines.models import ModelAdapter, ModelSpec
+from pipelines.models import ModelAdapter, ModelSpec, formats
 
 Progress = Callable[[str, int, int], None]
 # The daemon's defaults, so a build here gets the key a config names (read from the config schema).
@@ -173,7 +173,7 @@ def calibration_data(directory: Path, fmt: str | None, onnx: Path) -> CalibData:
         )
     if fmt is None:
         raise UsageError(
-            f"--calib {directory} holds images: give --format (nanodet, yolov8, yolo11, yolov5) so they are "
+            f"--calib {directory} holds images: give --format ({', '.join(formats())}) so they are "
             "preprocessed as inference does, or give preprocessed .npy tensors"
         )
     adapter = _adapter(fmt, onnx)

@@ -9,6 +9,7 @@ from agent.cli.engines.actions import cmd_list, cmd_prune, cmd_rollback, cmd_sho
 from agent.cli.engines.build import cmd_build
 from agent.cli.engines.store import DEFAULT_DIR, add_store_args, add_wait
 from agent.config import EngineConfig, ModelConfig
+from pipelines.models.registry import formats
 
 # The daemon's defaults (models.M.streams, models.M.engine.workspace_mb): a build here gets a config's key.
 DEFAULT_STREAMS: int = ModelConfig.model_fields["streams"].default
@@ -44,9 +45,7 @@ def _add_build(sub: Any) -> None:
         help="calibration data for int8: .npy tensors (preprocessed NCHW float32) or images (with --format)",
     )
     b.add_argument("--calib-method", choices=["entropy", "minmax", "percentile"], default="minmax")
-    b.add_argument(
-        "--format", choices=["nanodet", "yolov8", "yolo11", "yolov5"], help="preprocess --calib images as"
-    )
+    b.add_argument("--format", choices=formats(), help="preprocess --calib images as")
     b.add_argument(
         "--out", default=str(DEFAULT_DIR), metavar="DIR", help=f"engine store (default ./{DEFAULT_DIR})"
     )
