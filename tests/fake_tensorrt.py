@@ -20,11 +20,14 @@ Behaviours of real TensorRT the fake models, so the code around it is tested aga
   is never called; the engine gets no INT8 layer);
 - both OBEY_ and PREFER_PRECISION_CONSTRAINTS set: the build fails (NvInfer.h: set exactly one);
 - ONNX ops of TensorRT's plugin library (names ending in _TRT) parse only after init_libnvinfer_plugins;
+  the library keeps only a weak reference to the logger it was given and logs through it whenever a plugin
+  op is parsed (a RuntimeError once that logger is gone: a use-after-free crash in TensorRT);
 - DLA (default_device_type DLA) refuses FP32 builds and profiles with min != max; can_run_on_DLA answers
   per layer type (DLA_LAYER_TYPES);
 - add_optimization_profile returns -1 for a profile missing an input or with min > opt > max;
-- a timing cache from another TensorRT version is refused by set_timing_cache (returns False) unless
-  mismatches are ignored; unreadable cache bytes give None.
+- a timing cache from another TensorRT version or device (mod.timing_device) is refused by
+  set_timing_cache (returns False) unless mismatches are ignored; ITimingCache.combine skips (False) a cache
+  of another version, and one of another device unless ignore_mismatch; unreadable cache bytes give None.
 Every plan records its layers and the precision each ran in (`plan_layers`), which the engine inspector
 of the deserialised plan reports.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import enum
 import json
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +202,19 @@ def make(
     def init_libnvinfer_plugins(logger: Any, namespace: str) -> bool:
         calls.append(("init_libnvinfer_plugins", namespace))
         mod.plugins_registered = True
+        # The plugin library keeps a raw pointer to this logger (the binding has no keep_alive): a weak one.
+        mod.plugin_logger = weakref.ref(logger)
         return True
+
+    def plugin_log(msg: str) -> None:
+        """A plugin logs (on every creation/deserialisation) to the logger it was registered with: a crash
+        in TensorRT where that logger is gone; a RuntimeError here."""
+        logger = mod.plugin_logger() if mod.plugin_logger is not None else None
+        if logger is None:
+            raise RuntimeError("use after free: the plugin library logs to a logger that was destroyed")
+        logger.log(ILogger.Severity.WARNING, msg)
+
+    mod.plugin_logger = None
 
     mod.init_libnvinfer_plugins = init_libnvinfer_plugins
 
@@ -323,6 +339,8 @@ def make(
             (tests hand the fake placeholder files)."""
             nodes = list(model.graph.node) if model is not None else []
             for node in nodes:
+                if node.op_type.endswith("_TRT") and mod.plugins_registered:
+                    plugin_log(f"{node.op_type} plugin is deprecated")  # the NMS plugins say so each time
                 if node.op_type.endswith("_TRT") and not mod.plugins_registered:
                     self.errors.append(
                         ParserError(
@@ -351,25 +369,32 @@ def make(
             return self._read(_onnx_or_none(raw))
 
     mod.OnnxParser = OnnxParser
+    mod.timing_device = "gpu0"  # the device new timing caches name in their header
 
     class TimingCache:
-        """Serialised as "trt<version>;key,key": a cache remembers the TensorRT that made it."""
+        """Serialised as "trt<version>[@<device>];key,key": a cache remembers the TensorRT and the device
+        (mod.timing_device) that made it, as TensorRT's cache header does."""
 
         def __init__(self, data: bytes) -> None:
             text = data.decode(errors="replace")
-            self.version, _, keys = text.partition(";") if ";" in text else (version, "", text)
-            self.version = self.version.removeprefix("trt")
+            head, _, keys = text.partition(";") if ";" in text else (version, "", text)
+            made_by, _, device = head.removeprefix("trt").partition("@")
+            self.version, self.device = made_by, device or mod.timing_device
             self.keys = [k for k in keys.split(",") if k]
 
         def queryKeys(self) -> list[str]:
             return list(self.keys)
 
         def combine(self, other: TimingCache, ignore_mismatch: bool) -> bool:
+            """ITimingCache::combine: a cache of another TensorRT version is skipped (False) whatever the
+            flag; one of another device is merged only with ignore_mismatch."""
+            if other.version != self.version or (other.device != self.device and not ignore_mismatch):
+                return False
             self.keys = sorted(set(self.keys) | set(other.keys))
             return True
 
         def serialize(self) -> bytes:
-            return f"trt{self.version};{','.join(self.keys)}".encode()
+            return f"trt{self.version}@{self.device};{','.join(self.keys)}".encode()
 
     class Profile:
         def __init__(self) -> None:
@@ -392,7 +417,7 @@ def make(
         return TimingCache(raw)
 
     def set_timing_cache(self: Any, cache: TimingCache, ignore_mismatch: bool) -> bool:
-        if cache.version != version and not ignore_mismatch:
+        if (cache.version, cache.device) != (version, mod.timing_device) and not ignore_mismatch:
             return False  # made by another TensorRT (or device): refused
         self.timing_cache = cache
         return True

@@ -59,7 +59,7 @@ def test_weakly_typed_tensorrt10_fp16_uses_builder_flag(tmp_path):
     # The saved timing cache (merged, atomically) is loaded by the next build: a real hit.
     _, _, again, _, _ = fake_build(tmp_path, mod, precision="fp16", optimization_level=5)
     assert again.manifest.build.timing_cache["hit"] is True
-    assert Path(again.manifest.build.timing_cache["path"]).read_bytes() == b"trt10.3.0;conv1,conv2"
+    assert Path(again.manifest.build.timing_cache["path"]).read_bytes() == b"trt10.3.0@gpu0;conv1,conv2"
 
 
 def test_strongly_typed_tensorrt11_fp16_converts_the_onnx(tmp_path):

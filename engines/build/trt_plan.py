@@ -76,7 +76,7 @@ def _parse(
 
 def _new_builder(api: TrtApi, logger: TrtLogger) -> trt.Builder:
     # Plugins (EfficientNMS_TRT and friends in YOLO exports) must be registered before the parser meets them.
-    api.init_plugins(logger)
+    api.init_plugins()
     builder = cast("trt.Builder", api.mod.Builder(logger))
     if builder is None:
         raise BuildError(f"{api.label} could not create a builder: {'; '.join(logger.errors) or 'no reason'}")

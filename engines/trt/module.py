@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from engines.build.layer_info import BUILD_LOG_MARK
 from engines.errors import UnavailableError
@@ -60,6 +60,11 @@ def flavor_label(flavor: str | None) -> str:
 
 # Modules whose plugins were registered in this process (TrtApi.init_plugins), and how that went.
 _PLUGINS_DONE: dict[ModuleType, bool] = {}
+# The logger each module's plugin library logs to, for the life of the process: the library keeps only a
+# raw pointer to the logger it was registered with (the binding has no keep_alive), and the plugins log on
+# every creation and deserialisation, long after the build or load that registered them (as Polygraphy
+# does: one process-wide logger). Never released.
+_PLUGIN_LOGGERS: dict[ModuleType, Any] = {}
 
 
 def enum_name(value: Any) -> str:
@@ -165,8 +170,9 @@ class TrtModule:
         )
 
     # --- logging --------------------------------------------------------------------------
-    def logger(self) -> TrtLogger:
-        """A TensorRT logger that forwards to Python logging and keeps errors for messages."""
+    def logger(self, *, keep_errors: bool = True) -> TrtLogger:
+        """A TensorRT logger that forwards to Python logging and keeps errors for messages (unless
+        `keep_errors` is False: the process-lifetime plugin logger must not grow)."""
         base = getattr(self.mod, "ILogger", object)
         severity = getattr(self.mod.ILogger, "Severity", None) if hasattr(self.mod, "ILogger") else None
 
@@ -182,7 +188,8 @@ class TrtModule:
                 # Severity is an enum ordered INTERNAL_ERROR(0) < ERROR(1) < WARNING(2) < INFO < VERBOSE.
                 level = int(sev) if severity is not None else 1
                 if level <= 1:
-                    self.errors.append(msg)
+                    if keep_errors:
+                        self.errors.append(msg)
                     log.error("%s", msg)
                 elif level == 2:
                     log.warning("%s", msg)
@@ -192,10 +199,17 @@ class TrtModule:
         return CaptureLogger()
 
     # --- plugins --------------------------------------------------------------------------
-    def init_plugins(self, logger: trt.ILogger) -> bool:
+    def plugin_logger(self) -> TrtLogger:
+        """The one logger this module's plugin library gets, made on first use and kept for the process."""
+        if self.mod not in _PLUGIN_LOGGERS:
+            _PLUGIN_LOGGERS[self.mod] = self.logger(keep_errors=False)
+        return cast("TrtLogger", _PLUGIN_LOGGERS[self.mod])
+
+    def init_plugins(self) -> bool:
         """Register TensorRT's bundled plugins (EfficientNMS_TRT, BatchedNMS_TRT, ...) once per process and
         module, before any parse or deserialisation (as Polygraphy and trtexec do): without it an ONNX with
-        plugin ops fails to parse and a plan with plugin layers fails to load in a fresh process.
+        plugin ops fails to parse and a plan with plugin layers fails to load in a fresh process. The library
+        logs to plugin_logger(), never to a build's or load's own logger (it would outlive it).
         Returns False where the module has no plugin library (TensorRT-RTX) or registration failed."""
         if self.mod in _PLUGINS_DONE:
             return _PLUGINS_DONE[self.mod]
@@ -203,7 +217,7 @@ class TrtModule:
         ok = False
         if init is not None:
             try:
-                ok = bool(init(logger, ""))
+                ok = bool(init(self.plugin_logger(), ""))
             except Exception as e:  # a broken plugin library must not stop models that need none
                 log.warning("%s: registering the TensorRT plugins failed: %s", self.label, e)
             if not ok:

@@ -59,7 +59,7 @@ class RuntimeCalls(TrtModule):
         As trtexec does: the bundled plugins are registered first (a plan with plugin layers does not load
         in a fresh process otherwise), and an engine built for DLA core `dla_core` gets that core on the
         runtime (IRuntime::setDLACore) before it is deserialised."""
-        self.init_plugins(logger)
+        self.init_plugins()
         runtime = self.mod.Runtime(logger)
         if dla_core is not None:
             if hasattr(runtime, "DLA_core"):

@@ -66,13 +66,18 @@ class TimingCacheCalls(TrtModule):
     def merged_timing_cache(
         self, config: trt.IBuilderConfig, cache: trt.ITimingCache, on_disk: bytes
     ) -> bytes:
-        """Serialise `cache` merged with what another build saved meanwhile (whose timings are dropped,
-        with a warning, when TensorRT cannot combine them: ours are the ones this build measured)."""
+        """Serialise `cache` merged with what another build saved meanwhile, for the same TensorRT and
+        device only: combine(..., ignore_mismatch=False) refuses a cache whose header names another device
+        or CUDA version (TensorRT's ITimingCache::combine), and such timings must never be merged (they
+        would steer this device's tactic choice). A cache on disk that TensorRT cannot read or combine is
+        overwritten with ours, with a warning: ours are the ones this build measured here."""
         with self._quiet():
             if on_disk:
                 other = config.create_timing_cache(on_disk)
-                if other is None or cache.combine(other, True) is False:
+                if other is None or cache.combine(other, False) is False:
                     log.warning(
-                        "%s: the timing cache on disk could not be merged; keeping this build's", self.label
+                        "%s: the timing cache on disk is unreadable or belongs to another device or "
+                        "version; overwriting it with this build's",
+                        self.label,
                     )
             return bytes(memoryview(cache.serialize()))
