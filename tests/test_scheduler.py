@@ -26,6 +26,7 @@ from pipelines.frames import Frame
 from pipelines.models import ModelAdapter, make_adapter
 from pipelines.postprocess import load_labels
 from pipelines.preprocess import Letterbox, Normalisation
+from pipelines.routes import Routes
 from pipelines.scheduler import CameraRoute, ModelWorker, NotifyingSlot, Result
 from pipelines.sources import FrameSlot
 
@@ -248,13 +249,13 @@ def test_partly_filled_batch_waits_only_for_live_cameras(
     cams = [("a", "fed"), ("b", "fed"), ("dead1", "dead"), ("dead2", "dead")]
     rig = Rig(_engine(recorded), adapter, clip[0], cams, max_batch=4, batch_wait_s=0.01)
     collects: list[int] = []
-    real = ModelWorker._collect
+    real = Routes.take
 
-    def counting(self: ModelWorker, limit: int, exclude: frozenset[str] = frozenset()) -> list:
+    def counting(self: Routes, limit: int, exclude: frozenset[str] = frozenset()) -> list:
         collects.append(limit)
         return real(self, limit, exclude)
 
-    monkeypatch.setattr(ModelWorker, "_collect", counting)
+    monkeypatch.setattr(Routes, "take", counting)
     rig.put("a", 0)
     assert rig.worker.run_once(timeout=1) == 1
     assert collects == [4]  # one live camera: nobody to wait for
