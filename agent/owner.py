@@ -21,7 +21,7 @@ from agent.mqtt.commands import Answer, CommandError, CommandRouter, RebuildRequ
 from agent.mqtt.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
-from agent.reload import ReloadPlan, plan_reload
+from agent.reload import ReloadPlan, keep_until_restart, plan_reload
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Supervisor
 from agent.telemetry import Metrics
@@ -243,16 +243,7 @@ class DeviceOwner:
         if problems:
             raise ConfigError("\n".join(problems))
         plan = plan_reload(self.cfg, new)
-        if plan.needs_restart:  # keep what cannot change in place; say so
-            new = new.model_copy(
-                update={
-                    "engine_dir": self.cfg.engine_dir,
-                    "telemetry": new.telemetry.model_copy(
-                        update={"prometheus_port": self.cfg.telemetry.prometheus_port}
-                    ),
-                    "pipeline": self.cfg.pipeline,
-                }
-            )
+        new = keep_until_restart(self.cfg, new, plan)  # what cannot change in place stays; the plan says so
         if new.mqtt.enabled and plan.mqtt:
             new.mqtt.read_password()  # a missing password file fails now, before anything changed
         return self._apply_reload(new, plan)

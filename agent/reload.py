@@ -1,27 +1,39 @@
 """What a configuration reload (SIGHUP) changes, worked out before anything is touched.
 
-Applied in place by the daemon (agent.daemon.Agent.reload):
-- cameras: added, removed, restarted when their source changed (url, pipeline, fps, loop, timeouts) or
-  they moved to another (or a changed) model; `classes`/`min_score` change on the running route, and
-  `tracking`, `zones`, `lines`, `events`, `publish`, `frame_size` on the camera's analytics
-  (agent.events), while the reader keeps streaming (zones and lines that did not change keep their
-  state and counts; removed ones have their retained states deleted);
-- models: added, removed, or reopened when their section changed (ONNX Runtime serves at once, an engine
-  builds in the background as at start);
-- mqtt (and device_id, which names the topics): a new connection, the old one closed gracefully;
-- log_level, telemetry.interval_s, console: at once.
-engine_dir and telemetry.prometheus_port need a restart: reported, the old value stays in effect.
+Every config key declares what a change of it needs (agent.config.impact: README's table "What a reload
+changes" is written from those declarations); `plan_reload` sorts the differences by them:
+- cameras: added, removed (or enabled, disabled); restarted (CAMERA: url, pipeline, fps, loop, timeouts,
+  decoder, decoder_latency; or a move to another or a reopened model); rerouted (ROUTE: classes,
+  min_score) and analytics (ANALYTICS: tracking, zones, lines, events, publish, frame_size) in place while
+  the reader keeps streaming (zones and lines that did not change keep their state and counts; removed ones
+  have their retained states deleted); LIVE (snapshot) handed to the running camera; PLACEMENT (shard)
+  left to the shard supervisor;
+- models (MODEL): added, removed, or reopened when their section changed (ONNX Runtime serves at once, an
+  engine builds in the background as at start);
+- CONNECTION (mqtt, device_id, which names the topics): a new connection, the old one closed gracefully;
+- LIVE (log_level, telemetry.interval_s, console, homeassistant): at once;
+- AGENT (engine_dir, telemetry.prometheus_port, pipeline): need a restart; reported, and
+  `keep_until_restart` puts the old values back into the config that is applied.
+The daemon applies a plan in place (agent.runtime.transaction).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
 
 from agent.config import AgentConfig, CameraConfig
+from agent.config.impact import Change, Impact, changes, declared
 
-_SOURCE_FIELDS = ("url", "pipeline", "fps", "loop", "open_timeout_s", "read_timeout_s")
-_ROUTE_FIELDS = ("classes", "min_score")
-_ANALYTICS_FIELDS = ("tracking", "zones", "lines", "events", "publish", "frame_size")
+# The classes the planner applies, by where the key is: a key declared with another class there would be
+# a change nobody applies (tests/test_reload_impact.py checks the schema against these).
+APPLIED = {
+    "agent": frozenset({Impact.AGENT, Impact.CONNECTION, Impact.LIVE}),
+    "models": frozenset({Impact.MODEL, Impact.AGENT}),
+    "cameras": frozenset({Impact.CAMERA, Impact.ROUTE, Impact.ANALYTICS, Impact.LIVE, Impact.PLACEMENT}),
+}
 
 
 @dataclass
@@ -31,6 +43,7 @@ class ReloadPlan:
     cameras_restarted: list[str] = field(default_factory=list)
     cameras_rerouted: list[str] = field(default_factory=list)  # route settings only; reader untouched
     cameras_analytics: list[str] = field(default_factory=list)  # tracking/zones/lines...; reader untouched
+    cameras_live: list[str] = field(default_factory=list)  # LIVE keys (snapshot): the running camera's cfg
     models_added: list[str] = field(default_factory=list)
     models_removed: list[str] = field(default_factory=list)
     models_changed: list[str] = field(default_factory=list)
@@ -38,7 +51,9 @@ class ReloadPlan:
     log_level: bool = False
     telemetry: bool = False
     console: bool = False
+    live: list[str] = field(default_factory=list)  # LIVE keys outside cameras (log_level, homeassistant...)
     needs_restart: list[str] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # every difference found, with its class
 
     @property
     def empty(self) -> bool:
@@ -49,13 +64,12 @@ class ReloadPlan:
                 self.cameras_restarted,
                 self.cameras_rerouted,
                 self.cameras_analytics,
+                self.cameras_live,
                 self.models_added,
                 self.models_removed,
                 self.models_changed,
                 self.mqtt,
-                self.log_level,
-                self.telemetry,
-                self.console,
+                self.live,
             )
         )
 
@@ -67,6 +81,7 @@ class ReloadPlan:
             ("cameras restarted", self.cameras_restarted),
             ("camera settings", self.cameras_rerouted),
             ("camera analytics", self.cameras_analytics),
+            ("camera live settings", self.cameras_live),
             ("models added", self.models_added),
             ("models removed", self.models_removed),
             ("models reopened", self.models_changed),
@@ -77,6 +92,7 @@ class ReloadPlan:
         for label, flag in flags:
             if flag:
                 parts.append(f"{label} changed")
+        parts += [f"{key} changed" for key in self.live if key not in ("log_level", "telemetry.interval_s")]
         if self.needs_restart:
             parts.append(f"needs a restart (kept): {', '.join(self.needs_restart)}")
         return "; ".join(parts) or "no changes"
@@ -86,19 +102,40 @@ def _enabled(cfg: AgentConfig) -> dict[str, CameraConfig]:
     return {name: cam for name, cam in cfg.cameras.items() if cam.enabled}
 
 
-def _differs(a: CameraConfig, b: CameraConfig, names: tuple[str, ...]) -> bool:
-    return any(getattr(a, n) != getattr(b, n) for n in names)
+def _applied(where: str, found: list[Change]) -> set[Impact]:
+    wrong = [c for c in found if c.impact not in APPLIED[where]]
+    if wrong:  # a schema declaration the planner has no way to apply: a bug, not a config error
+        raise TypeError(f"{wrong[0].name}: a reload cannot apply {wrong[0].impact} to {where}")
+    return {c.impact for c in found}
 
 
 def plan_reload(old: AgentConfig, new: AgentConfig) -> ReloadPlan:
     plan = ReloadPlan()
+    top = changes(old, new, skip=("models", "cameras"))  # those two: entry by entry, below
+    _applied("agent", top)
+    plan.changes += top
+
+    models = declared(AgentConfig.model_fields["models"])
     for name in new.models:
         if name not in old.models:
             plan.models_added.append(name)
-        elif new.models[name] != old.models[name]:
+            continue
+        key = ("models", name)
+        found = changes(old.models[name], new.models[name], key, None if models is None else (key, models))
+        plan.changes += found
+        if Impact.MODEL in _applied("models", found):
             plan.models_changed.append(name)
     plan.models_removed = [name for name in old.models if name not in new.models]
     reopened = set(plan.models_changed)
+
+    for change in plan.changes:  # the agent's keys and the models'
+        plan.mqtt |= change.impact is Impact.CONNECTION
+        bucket = {Impact.AGENT: plan.needs_restart, Impact.LIVE: plan.live}.get(change.impact)
+        if bucket is not None and change.name not in bucket:
+            bucket.append(change.name)
+    plan.log_level = "log_level" in plan.live
+    plan.console = "console" in plan.live
+    plan.telemetry = "telemetry.interval_s" in plan.live
 
     was, now = _enabled(old), _enabled(new)
     plan.cameras_removed = [name for name in was if name not in now]
@@ -106,22 +143,37 @@ def plan_reload(old: AgentConfig, new: AgentConfig) -> ReloadPlan:
         prev = was.get(name)
         if prev is None:
             plan.cameras_added.append(name)
-        elif prev.model != cam.model or cam.model in reopened or _differs(prev, cam, _SOURCE_FIELDS):
+            continue
+        found = changes(prev, cam, ("cameras", name))
+        plan.changes += found
+        kinds = _applied("cameras", found)
+        if Impact.CAMERA in kinds or cam.model in reopened:
             plan.cameras_restarted.append(name)
-        else:
-            if _differs(prev, cam, _ROUTE_FIELDS):
-                plan.cameras_rerouted.append(name)
-            if _differs(prev, cam, _ANALYTICS_FIELDS):
-                plan.cameras_analytics.append(name)
-
-    plan.mqtt = old.mqtt != new.mqtt or old.device_id != new.device_id
-    plan.log_level = old.log_level != new.log_level
-    plan.telemetry = old.telemetry.interval_s != new.telemetry.interval_s
-    plan.console = old.console != new.console
-    if old.engine_dir != new.engine_dir:
-        plan.needs_restart.append("engine_dir")
-    if old.telemetry.prometheus_port != new.telemetry.prometheus_port:
-        plan.needs_restart.append("telemetry.prometheus_port")
-    if old.pipeline != new.pipeline:  # the number of processes and their GPUs: fixed while running
-        plan.needs_restart.append("pipeline")
+            continue
+        for kind, names in (
+            (Impact.ROUTE, plan.cameras_rerouted),
+            (Impact.ANALYTICS, plan.cameras_analytics),
+            (Impact.LIVE, plan.cameras_live),
+        ):
+            if kind in kinds:
+                names.append(name)
     return plan
+
+
+def keep_until_restart(old: AgentConfig, new: AgentConfig, plan: ReloadPlan) -> AgentConfig:
+    """`new` with the old values of the keys that need a restart (AGENT), so the config in effect says
+    what runs: the reload reports them (plan.needs_restart) and they apply at the next start."""
+    for change in plan.changes:
+        if change.impact is Impact.AGENT:
+            new = _put(new, old, change.declared_at)
+    return new
+
+
+def _put(new: Any, old: Any, key: tuple[str, ...]) -> Any:
+    """`new` with `old`'s value at `key` (a path of fields and dict names present in both)."""
+    if not key:
+        return old
+    head, rest = key[0], key[1:]
+    if isinstance(new, BaseModel):
+        return new.model_copy(update={head: _put(getattr(new, head), getattr(old, head), rest)})
+    return {**new, head: _put(new[head], old[head], rest)}

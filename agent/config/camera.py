@@ -3,7 +3,7 @@ other."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from agent.config.analytics import (
     normalised_problem,
 )
 from agent.config.errors import show
+from agent.config.impact import Impact
 from agent.config.names import level_problem
 from agent.config.sources import camera_url_problem
 from agent.config.strict import StrictModel, raise_problem
@@ -32,32 +33,35 @@ class SnapshotConfig(StrictModel):
 
 class CameraConfig(StrictModel):
     # repr=False: the URL may hold a password; use `display` for logs.
-    url: str | None = Field(None, repr=False)
-    pipeline: str | None = Field(None, repr=False, description="GStreamer pipeline ending in appsink")
-    model: str
-    fps: float | None = Field(None, gt=0, le=1000)
-    classes: list[str] | None = None
-    min_score: float = Field(0.4, ge=0.0, le=1.0)
-    loop: bool = True
-    enabled: bool = True
+    # Each key says what a reload that changes it needs (agent.config.impact).
+    url: Annotated[str | None, Impact.CAMERA] = Field(None, repr=False)
+    pipeline: Annotated[str | None, Impact.CAMERA] = Field(
+        None, repr=False, description="GStreamer pipeline ending in appsink"
+    )
+    model: Annotated[str, Impact.CAMERA]
+    fps: Annotated[float | None, Impact.CAMERA] = Field(None, gt=0, le=1000)
+    classes: Annotated[list[str] | None, Impact.ROUTE] = None
+    min_score: Annotated[float, Impact.ROUTE] = Field(0.4, ge=0.0, le=1.0)
+    loop: Annotated[bool, Impact.CAMERA] = True
+    enabled: Annotated[bool, Impact.CAMERA] = True  # the camera starts or stops
     # Bounded: the reader hands them to FFmpeg in microseconds and waits on them (1e308 would overflow).
-    open_timeout_s: float = Field(5.0, gt=0, le=3600)
-    read_timeout_s: float = Field(2.0, gt=0, le=3600)
-    snapshot: SnapshotConfig = SnapshotConfig()
+    open_timeout_s: Annotated[float, Impact.CAMERA] = Field(5.0, gt=0, le=3600)
+    read_timeout_s: Annotated[float, Impact.CAMERA] = Field(2.0, gt=0, le=3600)
+    snapshot: Annotated[SnapshotConfig, Impact.LIVE] = SnapshotConfig()  # read at each snapshot
     # auto: NVDEC where the host, the stream's codec and its size allow it, else the CPU (reason logged).
-    decoder: Literal["auto", "cpu", "nvdec"] = "auto"
+    decoder: Annotated[Literal["auto", "cpu", "nvdec"], Impact.CAMERA] = "auto"
     # NVDEC output: low hands out each picture with its packet; native lets the decoder hold up to 4 back
     # (more decode throughput per GPU, up to 4 frames more latency; capture times stay those of the packets).
-    decoder_latency: Literal["low", "native"] = "low"
-    tracking: TrackingConfig = TrackingConfig()
-    zones: dict[str, ZoneConfig] = Field(default_factory=dict, max_length=32)
-    lines: dict[str, LineConfig] = Field(default_factory=dict, max_length=32)
-    events: EventsConfig = EventsConfig()
-    publish: PublishConfig = PublishConfig()
+    decoder_latency: Annotated[Literal["low", "native"], Impact.CAMERA] = "low"
+    tracking: Annotated[TrackingConfig, Impact.ANALYTICS] = TrackingConfig()
+    zones: Annotated[dict[str, ZoneConfig], Impact.ANALYTICS] = Field(default_factory=dict, max_length=32)
+    lines: Annotated[dict[str, LineConfig], Impact.ANALYTICS] = Field(default_factory=dict, max_length=32)
+    events: Annotated[EventsConfig, Impact.ANALYTICS] = EventsConfig()
+    publish: Annotated[PublishConfig, Impact.ANALYTICS] = PublishConfig()
     # The picture size that zone and line points in pixels refer to (scaled if the stream's differs).
-    frame_size: FrameSize | None = None
+    frame_size: Annotated[FrameSize | None, Impact.ANALYTICS] = None
     # pipeline.shards > 1: the shard that runs this camera (None: placed by load, and kept across reloads).
-    shard: int | None = Field(None, ge=0, le=63)
+    shard: Annotated[int | None, Impact.PLACEMENT] = Field(None, ge=0, le=63)
 
     @field_validator("url")
     @classmethod

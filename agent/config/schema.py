@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from agent.config.camera import CameraConfig, analytics_problems
 from agent.config.errors import show
+from agent.config.impact import Impact
 from agent.config.model import ModelConfig, dla_problems
 from agent.config.mqtt import MqttConfig
 from agent.config.names import level_problem, name_problem, topic_prefix_problem
@@ -18,8 +19,8 @@ from agent.config.strict import ConfigPath, StrictModel, raise_problem
 
 
 class TelemetryConfig(StrictModel):
-    interval_s: float = Field(10.0, ge=0.1, le=86400)
-    prometheus_port: int | None = Field(None, ge=1, le=65535)
+    interval_s: Annotated[float, Impact.LIVE] = Field(10.0, ge=0.1, le=86400)
+    prometheus_port: Annotated[int | None, Impact.AGENT] = Field(None, ge=1, le=65535)
 
 
 class HomeAssistantConfig(StrictModel):
@@ -46,16 +47,19 @@ class HomeAssistantConfig(StrictModel):
 
 
 class AgentConfig(StrictModel):
-    device_id: str = Field(default_factory=socket.gethostname)
-    engine_dir: ConfigPath = Path("/var/lib/edge-agent/engines")
-    models: dict[str, ModelConfig]
-    cameras: dict[str, CameraConfig]
-    mqtt: MqttConfig = MqttConfig()
+    # Each key says what a reload that changes it needs (agent.config.impact); a section's keys inherit it.
+    device_id: Annotated[str, Impact.CONNECTION] = Field(default_factory=socket.gethostname)  # in the topics
+    engine_dir: Annotated[ConfigPath, Impact.AGENT] = Path("/var/lib/edge-agent/engines")
+    models: Annotated[dict[str, ModelConfig], Impact.MODEL]
+    cameras: dict[str, CameraConfig]  # added and removed by agent.reload; each key declares its own
+    mqtt: Annotated[MqttConfig, Impact.CONNECTION] = MqttConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
-    homeassistant: HomeAssistantConfig = HomeAssistantConfig()
-    console: bool = False
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    pipeline: PipelineConfig = PipelineConfig()
+    # Discovery is published again after every reload (entities of what went are deleted).
+    homeassistant: Annotated[HomeAssistantConfig, Impact.LIVE] = HomeAssistantConfig()
+    console: Annotated[bool, Impact.LIVE] = False
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], Impact.LIVE] = "info"
+    # The number of processes and their GPUs: fixed while running.
+    pipeline: Annotated[PipelineConfig, Impact.AGENT] = PipelineConfig()
 
     @field_validator("device_id")
     @classmethod

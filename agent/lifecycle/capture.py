@@ -18,6 +18,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import cv2
 import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError
+from agent.config.reader import camera_reader, source_spec
 from agent.lifecycle.calibration import (
     JPEG_QUALITY,
     MANIFEST,
@@ -37,7 +39,7 @@ from agent.lifecycle.calibration import (
 from agent.lifecycle.model import ModelContext
 from engines.store.fsutil import atomic_write_bytes, fsync_dir
 from pipelines.frames import host_image
-from pipelines.sources import CameraReader, FrameSlot, SourceSpec
+from pipelines.sources import CameraReader, FrameSlot
 
 log = logging.getLogger("agent.lifecycle.calibration")  # the name its lines always had
 
@@ -196,16 +198,9 @@ def _capture_live(
 ) -> list[str]:
     readers: dict[str, CameraReader] = {}
     for name, cam in cameras.items():
-        spec = SourceSpec(
-            camera=name,
-            url=cam.url,
-            pipeline=cam.pipeline,
-            fps=1.0 / interval_s,  # the reader drops the rest before decoding them
-            open_timeout_s=cam.open_timeout_s,
-            read_timeout_s=cam.read_timeout_s,
-            max_failures=3,
-        )
-        readers[name] = CameraReader(spec, FrameSlot())
+        # The daemon's spec and decoder; the reader drops frames above the rate before decoding them.
+        spec = replace(source_spec(name, cam), fps=1.0 / interval_s, max_failures=3)
+        readers[name] = camera_reader(spec, cam, FrameSlot(), None)
     quota = math.ceil((writer.total - len(writer.items)) / len(cameras))
     if timeout_s is None:
         timeout_s = 60.0 + 3.0 * quota * interval_s

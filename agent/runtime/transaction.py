@@ -92,6 +92,8 @@ class ReloadTransaction:
         self.engines.start_pending()
         for name in dict.fromkeys(plan.cameras_rerouted + plan.cameras_analytics):
             pipeline.reroute(name, new.cameras[name], new)
+        for name in plan.cameras_live:  # snapshot settings: read from the section at each use
+            pipeline.cameras[name].cfg = new.cameras[name]
         for name in plan.cameras_added + plan.cameras_restarted:
             pipeline.open_camera(name, new.cameras[name], new)
             pipeline.cameras[name].reader.start()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.config import AgentConfig, CameraConfig, ConfigError, ModelConfig
+from agent.config.reader import camera_reader, source_spec
 from agent.events import CameraEvents, Publisher, analytics_settings, track_floor
 from agent.mqtt.topics import Topics
 from agent.runtime.cameras import CameraRuntime, class_mask
@@ -22,7 +23,6 @@ from engines.errors import EngineError
 from engines.runtimes.base import Backend
 from pipelines.models import ModelSpec, check_outputs, probe_input
 from pipelines.scheduler import CameraRoute, ModelWorker, Sink
-from pipelines.sources import SourceSpec, open_reader
 
 if TYPE_CHECKING:
     from pipelines.preprocess_gpu import GpuLetterbox
@@ -40,18 +40,6 @@ def _gpu_preprocess(model: str) -> GpuLetterbox:
         return GpuLetterbox()
     except EngineError as exc:
         raise ConfigError(f"models.{model}.preprocess: gpu is not available here: {exc}") from None
-
-
-def _source_spec(name: str, cam: CameraConfig) -> SourceSpec:
-    return SourceSpec(
-        camera=name,
-        url=cam.url,
-        pipeline=cam.pipeline,
-        fps=cam.fps,
-        loop=cam.loop,
-        open_timeout_s=cam.open_timeout_s,
-        read_timeout_s=cam.read_timeout_s,
-    )
 
 
 class Pipeline:
@@ -140,13 +128,7 @@ class Pipeline:
         mask = class_mask(name, cam, labels, labels_src)
         events = self._analytics(name, cam, cfg, events or self._kept_events.pop(name, None))
         slot = worker.new_slot()
-        reader = open_reader(
-            _source_spec(name, cam),
-            slot,
-            self._on_camera_state,
-            decoder=cam.decoder,
-            latency=cam.decoder_latency,
-        )
+        reader = camera_reader(source_spec(name, cam), cam, slot, self._on_camera_state)
         self.cameras[name] = CameraRuntime(name, cam, reader, events=events)
         worker.add_camera(CameraRoute(name, slot, mask, track_floor(cam), analytics=events))
 
