@@ -17,7 +17,6 @@ lock per camera around them and the publishing of their results, so events keep 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,7 +52,7 @@ class Analysis:
     table: np.ndarray  # the tracker's table after the step (pipelines.tracking rows x tracks)
     step: Step
     active: np.ndarray  # (tracks,) bool: confirmed and seen in this frame
-    transitions: list[Transition] = field(default_factory=list)  # zone enters/leaves, line crossings
+    transitions: list[Transition] = field(default_factory=list)  # every rule's (pipelines.rules)
     zones_changed: bool = False  # some zone's counts changed
     lines_changed: bool = False  # some line's counts changed
     reset: str | None = None  # why every track ended (gap, reconnect, stopped, ...), else None
@@ -110,10 +109,7 @@ class CameraAnalytics:
                 zones_changed |= zones.end(step.ended, ts, out)
             if step.row_map is not None:
                 zones.follow(step.row_map)
-            if zones.update(table, active, step.confirmed, ts, size, out):
-                zones_changed = True
-            elif zones_changed:
-                zones.recount(table)
+            zones_changed |= zones.update(table, active, step.confirmed, ts, size, out, stale=zones_changed)
         if has_lines:
             if step.row_map is not None:
                 lines.follow(step.row_map)
@@ -186,14 +182,19 @@ class CameraAnalytics:
             result = self.reset("reconfigured", ts)
             self.tracker.configure(settings.tracker)
         if settings.zones != old.zones:
-            self.zones = _carry_zones(
-                self.zones, settings.zones, self.n_classes, len(self.tracker), self.compiled
-            )
+            zones = Zones(settings.zones, self.n_classes, self.compiled)
+            zones.carry(self.zones, len(self.tracker))
+            self.zones = zones
         if settings.lines != old.lines:
-            self.lines = _carry_lines(
-                self.lines, settings.lines, self.n_classes, len(self.tracker), self.compiled
-            )
+            lines = Lines(settings.lines, self.n_classes, self.compiled)
+            lines.carry(self.lines, len(self.tracker))
+            self.lines = lines
         return result
+
+    def regions(self, kind: str) -> Zones | Lines:
+        """The zones ("zone") or the lines ("line"): where the rules of that region kind work
+        (pipelines.rules)."""
+        return self.zones if kind == "zone" else self.lines
 
     def best(self, rows: np.ndarray) -> np.ndarray:
         """Best scores of tracks ``rows`` (for callers that keep crops of the best detection)."""
@@ -212,39 +213,3 @@ def _merge_visits(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | No
     if b is None:
         return a
     return np.concatenate((a, b))
-
-
-def _carry_zones(
-    old: Zones, specs: Sequence[RegionSpec], n_classes: int, tracks: int, compiled: bool
-) -> Zones:
-    new = Zones(specs, n_classes, compiled)
-    z = len(new)
-    new.inside = np.zeros((tracks, z), bool)
-    new.entered_at = np.zeros((tracks, z))
-    new.visited = np.zeros((tracks, z), bool)
-    new._streak = np.zeros((tracks, z), np.int16)
-    before = {s: j for j, s in enumerate(old.specs)}
-    for j, spec in enumerate(new.specs):
-        k = before.get(spec)
-        if k is None:
-            continue  # new or changed: starts empty
-        new.inside[:, j] = old.inside[:, k]
-        new.entered_at[:, j] = old.entered_at[:, k]
-        new.visited[:, j] = old.visited[:, k]
-        new._streak[:, j] = old._streak[:, k]
-        new.counts[j] = old.counts[k]
-    return new
-
-
-def _carry_lines(
-    old: Lines, specs: Sequence[RegionSpec], n_classes: int, tracks: int, compiled: bool
-) -> Lines:
-    new = Lines(specs, n_classes, compiled)
-    new.side = np.zeros((tracks, len(new)), np.int8)
-    before = {s: j for j, s in enumerate(old.specs)}
-    for j, spec in enumerate(new.specs):
-        k = before.get(spec)
-        if k is not None:
-            new.side[:, j] = old.side[:, k]
-            new.counts[j] = old.counts[k]
-    return new

@@ -12,10 +12,12 @@ regions.pyx), the numpy code here being the reference and fallback (tests/test_k
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from pipelines.regions import ANCHORS, Regions, RegionSpec, Transition, classes, follow_rows, moved_rows
+from pipelines.regions import ANCHORS, Regions, RegionSpec, Transition, classes
+from pipelines.rules import Crossing
 from pipelines.tracking import CLS, ID, POS
 
 LINE_HYSTERESIS = 0.05  # of the box height
@@ -25,12 +27,11 @@ class Lines(Regions):
     """The lines of one camera, each track's side of each, and the crossings counted."""
 
     def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
-        super().__init__(specs, n_classes, compiled)
+        super().__init__(specs, n_classes, Crossing.columns, compiled)
         n = len(self.specs)
         # One anchor for every line (the usual case): (N, 1) anchors instead of (N, lines).
         self._anchor = ANCHORS[self.specs[0].anchor] if len({s.anchor for s in self.specs}) == 1 else None
         self._size: tuple[int, int] | None = None
-        self.side = np.zeros((0, n), np.int8)  # per (track, line): -1 left, +1 right, 0 not yet known
         self.counts = np.zeros((n, 2, n_classes + 1), np.int64)  # per line: [in, out] per class
 
     def _compile(self, size: tuple[int, int]) -> None:
@@ -79,9 +80,7 @@ class Lines(Regions):
             return False
         for t, j, d, c in zip(tracks.tolist(), lines.tolist(), dirs.tolist(), cls.tolist(), strict=True):
             self.counts[j, d, c] += 1
-            out.append(
-                Transition("line_cross", j, int(table[ID, t]), int(table[CLS, t]), direction=("in", "out")[d])
-            )
+            out.append(_crossing(table, t, j, d))
         return True
 
     def _update_numpy(
@@ -124,19 +123,24 @@ class Lines(Regions):
                 continue
             direction = 0 if now[t, j] > 0 else 1
             self.counts[j, direction, c] += 1
-            out.append(
-                Transition(
-                    "line_cross", j, int(table[ID, t]), int(table[CLS, t]), direction=("in", "out")[direction]
-                )
-            )
+            out.append(_crossing(table, t, j, direction))
             changed = True
         return changed
 
-    def follow(self, row_map: np.ndarray) -> None:
-        if self._module is not None:
-            self.side = self._module.follow_rows(row_map, self.side)
-        else:
-            self.side = follow_rows(self.side, row_map, moved_rows(row_map))
+    @property
+    def side(self) -> np.ndarray:
+        """(tracks, lines) int8: each track's side of each line, -1 left, +1 right, 0 not yet known."""
+        return self.state["side"]
 
     def clear_sides(self) -> None:
-        self.side = np.zeros((0, len(self.specs)), np.int8)
+        """Every track gone (a reset); the counts stay."""
+        self.state.clear()
+
+    def after(self, kind: str, j: int) -> dict[str, Any]:
+        """``counts`` {in, out}: the line's crossings after the event."""
+        return {"counts": {"in": int(self.counts[j, 0].sum()), "out": int(self.counts[j, 1].sum())}}
+
+
+def _crossing(table: np.ndarray, t: int, j: int, direction: int) -> Transition:
+    fields = {"direction": ("in", "out")[direction]}
+    return Transition("line_cross", j, int(table[ID, t]), int(table[CLS, t]), fields)

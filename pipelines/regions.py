@@ -8,20 +8,23 @@ or source pixels of a declared picture size (scaled when the stream's size diffe
 
 Each track is placed by one point of its box, the zone's or line's ``anchor`` (default the bottom centre:
 where a person stands or a car touches the ground), taken from the tracker's filtered box. State per
-(track, zone) and (track, line) lives in arrays aligned with the tracker's tracks and follows its
-``Step.row_map`` (``follow_rows``).
+(track, zone) and (track, line) lives in one table of named columns aligned with the tracker's tracks
+(pipelines.state), which the rules declare (pipelines.rules).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from pipelines import kernels
+from pipelines.state import StateTable
 from pipelines.tracking import CLS
 
 # Anchor -> offset from the box centre in box widths (x) and heights (y).
@@ -117,6 +120,11 @@ class RegionSpec:
     anchor: str = "bottom_center"
     inertia: int = 2  # zones: frames in a row before in/out changes
     frame_size: tuple[int, int] | None = None  # None: normalised points; else the pixel size they refer to
+    params: tuple[tuple[str, Any], ...] = ()  # zone rules' settings by config key (pipelines.rules)
+
+    def param(self, key: str) -> Any:
+        """A zone rule's setting (None: not set, the rule is off here)."""
+        return next((v for k, v in self.params if k == key), None)
 
     def pixels(self, size: tuple[int, int]) -> np.ndarray:
         """(K, 2) points in pixels of a ``size`` (w, h) picture."""
@@ -152,40 +160,45 @@ def classes(table: np.ndarray, n_classes: int) -> np.ndarray:
     return cls
 
 
-def follow_rows(state: np.ndarray, row_map: np.ndarray, moved: np.ndarray | None = None) -> np.ndarray:
-    """``state`` rows in the tracker's new track order: old rows moved, new tracks zero. ``moved``: the
-    tracks that existed before (``moved_rows(row_map)``), None when all did."""
-    if moved is None:
-        return state.take(row_map, axis=0)
-    out = np.zeros((row_map.shape[0], *state.shape[1:]), state.dtype)
-    out[moved] = state.take(row_map[moved], axis=0)
-    return out
-
-
-def moved_rows(row_map: np.ndarray) -> np.ndarray | None:
-    """For ``_follow``: which tracks existed before the step (None: all of them)."""
-    moved = row_map >= 0
-    return None if moved.all() else moved.nonzero()[0]
-
-
 # ---- per-frame results ----
 @dataclass(slots=True)
 class Transition:
-    """A track entering or leaving a zone, or crossing a line."""
+    """Something a track did in a region: its rule's event type (pipelines.rules), the region's index, the
+    track, and the event's own fields (raw numbers: the events code rounds and formats)."""
 
-    kind: str  # zone_enter | zone_leave | line_cross
+    kind: str  # an event type: zone_enter | zone_leave | line_cross | a zone rule's
     region: int  # index of the zone / line
     track_id: int
     class_id: int
-    dwell_s: float | None = None  # zone_leave: time in the zone
-    direction: str | None = None  # line_cross: in | out
-    reason: str | None = None  # zone_leave because the track ended: lost, gap, reconnect, ...
+    fields: dict[str, Any] = field(default_factory=dict)  # e.g. dwell_s and reason of a zone_leave
+
+    @property
+    def reason(self) -> str | None:
+        """Why its track ended (lost, gap, reconnect, ...) for a leave at the track's end, else None."""
+        return self.fields.get("reason")
+
+    @property
+    def dwell_s(self) -> float | None:
+        return self.fields.get("dwell_s")
+
+    @property
+    def direction(self) -> str | None:
+        return self.fields.get("direction")
 
 
-class Regions:
-    """What zones and lines hold alike: their specs, which classes each counts, its anchor's offsets."""
+class Regions(ABC):
+    """What zones and lines hold alike: their specs, which classes each counts, its anchor's offsets, the
+    per-(track, region) state table (``columns``: its rules' declarations) and the counts per region."""
 
-    def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
+    counts: np.ndarray  # (regions, ...) per region: what it counted (the subclass's layout)
+
+    def __init__(
+        self,
+        specs: Sequence[RegionSpec],
+        n_classes: int,
+        columns: Mapping[str, DTypeLike],
+        compiled: bool = True,
+    ) -> None:
         self.specs = tuple(specs)
         self.n_classes = n_classes
         self._mask = _label_mask(self.specs, n_classes)
@@ -196,6 +209,26 @@ class Regions:
         self._kernel: Any = None  # made by _compile for the picture size
         self._mask_u8 = np.ascontiguousarray(self._mask).view(np.uint8)
         self._offsets_c = np.ascontiguousarray(self._offsets)
+        self.state = StateTable(len(self.specs), columns)
 
     def __len__(self) -> int:
         return len(self.specs)
+
+    def follow(self, row_map: np.ndarray) -> None:
+        """Re-align the per-track state with the tracker's tracks after a step that added or dropped some."""
+        self.state.follow(row_map, self._module.follow_rows if self._module is not None else None)
+
+    def carry(self, old: Regions, tracks: int) -> list[int | None]:
+        """Take over ``old``'s state and counts for the regions whose spec did not change (the others start
+        empty; ``tracks``: how many the tracker has). Returns each region's index in ``old`` (None: new)."""
+        index = {s: k for k, s in enumerate(old.specs)}
+        before = [index.get(s) for s in self.specs]
+        self.state.carry(old.state, before, tracks)
+        for j, k in enumerate(before):
+            if k is not None:
+                self.counts[j] = old.counts[k]
+        return before
+
+    @abstractmethod
+    def after(self, kind: str, j: int) -> dict[str, Any]:
+        """The fields an event of type ``kind`` in region j ends with: the region's counts after it."""

@@ -9,16 +9,20 @@ count. Point in polygon is the crossing-number test over every edge of every zon
 Everything per frame is vectorised over tracks x zones x edges. Where the package was built with them, the
 per-frame steps (test, inertia, enters and leaves, counts, following the tracker's rows) run compiled
 (pipelines/kernels/regions.pyx); the numpy code here is their reference and fallback
-(tests/test_kernels.py).
+(tests/test_kernels.py). Both update the same state table (pipelines.state: occupancy's columns, declared
+by pipelines.rules.Occupancy). The zone rules turned on by the zones' config (pipelines.rules.ZoneRule,
+e.g. loitering) run after that step, on the same table, in numpy on both paths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from pipelines.regions import ANCHORS, Regions, RegionSpec, Transition, classes, follow_rows, moved_rows
+from pipelines.regions import ANCHORS, Regions, RegionSpec, Transition, classes
+from pipelines.rules import Occupancy, ZoneRule, zone_rules
 from pipelines.tracking import CLS, ID, POS, Ended
 
 _NO_ROWS = np.zeros(0, np.intp)  # a frame in which no track entered or left
@@ -29,7 +33,7 @@ class Zones(Regions):
     """The zones of one camera and which tracks are in them (arrays aligned with the tracker's tracks)."""
 
     def __init__(self, specs: Sequence[RegionSpec], n_classes: int, compiled: bool = True) -> None:
-        super().__init__(specs, n_classes, compiled)
+        super().__init__(specs, n_classes, Occupancy.columns, compiled)
         z = len(self.specs)
         self._any_label = all(s.labels is None for s in self.specs)
         self._one_anchor = len({s.anchor for s in self.specs}) <= 1
@@ -41,12 +45,21 @@ class Zones(Regions):
         )
         self._inertia_z = np.array([s.inertia for s in self.specs], np.int16)
         self._size: tuple[int, int] | None = None
-        # State per (track, zone).
-        self.inside = np.zeros((0, z), bool)  # in the zone (after inertia)
-        self.entered_at = np.zeros((0, z))  # wall clock of the enter
-        self.visited = np.zeros((0, z), bool)  # ever in it (the object's "zones entered")
-        self._streak = np.zeros((0, z), np.int16)  # frames in a row the raw test disagreed with `inside`
         self.counts = np.zeros((z, n_classes + 1), np.int64)  # per zone, per class: tracks inside
+        # The zone rules some zone turns on, each with its own columns in the table.
+        self.rules: tuple[ZoneRule, ...] = tuple(r(self.specs) for r in zone_rules() if r.wanted(self.specs))
+        for rule in self.rules:
+            self.state.add(rule.columns)
+
+    @property
+    def inside(self) -> np.ndarray:
+        """(tracks, Z) bool: in the zone (after inertia)."""
+        return self.state["inside"]
+
+    @property
+    def visited(self) -> np.ndarray:
+        """(tracks, Z) bool: ever in it (the object's "entered_zones")."""
+        return self.state["visited"]
 
     def _compile(self, size: tuple[int, int]) -> None:
         """Edges of every zone in pixels of ``size``, grouped by zone (crossing-number test)."""
@@ -113,27 +126,35 @@ class Zones(Regions):
         ts: float,
         size: tuple[int, int],
         out: list[Transition],
+        stale: bool = False,
     ) -> bool:
         """One frame, after the tracker's step (and ``follow``): ``active`` (tracks,) bool, tracks both
         confirmed and seen in this frame (the others keep their state), ``confirmed`` indices of tracks
-        confirmed in it. Appends enters and leaves to ``out``; True when a count changed."""
+        confirmed in it. Appends enters, leaves and the zone rules' transitions to ``out``; True when a
+        count changed. ``stale``: tracks left before the step (``end``), count again in any case."""
         if self._size != size:
             self._compile(size)
         step = self._kernel.step if self._kernel is not None else self._step_numpy
+        st = self.state
         tracks, zones, dwell, counts = step(
-            table, active, confirmed, self.inside, self._streak, self.entered_at, self.visited, ts
+            table, active, confirmed, st["inside"], st["streak"], st["entered_at"], st["visited"], ts
         )
-        if counts is None:
-            return False
-        self.counts = counts  # a new array: readers in other threads never see it half counted
-        ids = table[ID].take(tracks).astype(np.int64).tolist()
-        class_ids = table[CLS].take(tracks).astype(np.int64).tolist()
-        for t, c, z, d in zip(ids, class_ids, zones.tolist(), dwell.tolist(), strict=True):
-            if d != d:  # NaN: an enter
-                out.append(Transition("zone_enter", z, t, c))
-            else:
-                out.append(Transition("zone_leave", z, t, c, d))
-        return True
+        changed = counts is not None
+        if changed:
+            self.counts = counts  # a new array: readers in other threads never see it half counted
+            ids = table[ID].take(tracks).astype(np.int64).tolist()
+            class_ids = table[CLS].take(tracks).astype(np.int64).tolist()
+            for t, c, z, d in zip(ids, class_ids, zones.tolist(), dwell.tolist(), strict=True):
+                if d != d:  # NaN: an enter
+                    out.append(Transition("zone_enter", z, t, c))
+                else:
+                    out.append(Transition("zone_leave", z, t, c, {"dwell_s": d, "reason": None}))
+        elif stale:
+            self.counts = self._counts(classes(table, self.n_classes))
+            changed = True
+        for rule in self.rules:
+            changed |= rule.step(st, table, active, ts, out)
+        return changed
 
     def _step_numpy(
         self,
@@ -169,27 +190,18 @@ class Zones(Regions):
         visited[tracks[entered], zones[entered]] = True
         return tracks, zones, dwell, self._counts(cls)
 
-    def follow(self, row_map: np.ndarray) -> None:
-        """Re-align the per-track state with the tracker's tracks after a step that added or dropped some."""
-        if self._module is not None:
-            follow = self._module.follow_rows
-            for name in ("inside", "entered_at", "visited", "_streak"):
-                setattr(self, name, follow(row_map, getattr(self, name)))
-            return
-        moved = moved_rows(row_map)
-        for name in ("inside", "entered_at", "visited", "_streak"):
-            setattr(self, name, follow_rows(getattr(self, name), row_map, moved))
-
     def end(self, ended: Ended, ts: float, out: list[Transition]) -> bool:
         """Ended tracks (rows of the state before ``follow``) leave their zones; True if a count changed."""
         inside = self.inside.take(ended.rows, axis=0)
         if not np.count_nonzero(inside):
             return False
+        entered_at = self.state["entered_at"]
         for k, z in zip(*inside.nonzero(), strict=True):
             row = ended.rows[k]
-            dwell = ts - self.entered_at[row, z]
+            dwell = ts - entered_at[row, z]
             tid, cls = int(ended.table[ID, k]), int(ended.table[CLS, k])
-            out.append(Transition("zone_leave", int(z), tid, cls, dwell, reason=ended.reason))
+            fields = {"dwell_s": float(dwell), "reason": ended.reason}
+            out.append(Transition("zone_leave", int(z), tid, cls, fields))
             self.inside[row, z] = False
         return True
 
@@ -204,15 +216,32 @@ class Zones(Regions):
         counts = np.bincount(zones * width + cls.take(tracks), minlength=len(self.specs) * width)
         return counts.reshape(len(self.specs), width)
 
-    def recount(self, table: np.ndarray) -> None:
-        """Counts from ``inside`` again (tracks of ``table``, after ``follow``)."""
-        self.counts = self._counts(classes(table, self.n_classes))
-
     def clear(self) -> None:
         """Every track out of every zone, counts zero (a reset: the caller reports the leaves first)."""
-        z = len(self.specs)
-        self.inside = np.zeros((0, z), bool)
-        self.entered_at = np.zeros((0, z))
-        self.visited = np.zeros((0, z), bool)
-        self._streak = np.zeros((0, z), np.int16)
-        self.counts = np.zeros((z, self.n_classes + 1), np.int64)
+        self.state.clear()
+        self.counts = np.zeros((len(self.specs), self.n_classes + 1), np.int64)
+        for rule in self.rules:
+            rule.clear()
+
+    def carry(self, old: Regions, tracks: int) -> list[int | None]:
+        before = super().carry(old, tracks)
+        olds = {type(r): r for r in old.rules} if isinstance(old, Zones) else {}
+        for rule in self.rules:
+            if type(rule) in olds:
+                rule.carry(olds[type(rule)], before)
+        return before
+
+    def after(self, kind: str, j: int) -> dict[str, Any]:
+        """``count``: tracks in the zone; then what the rule that made a ``kind`` event adds."""
+        out: dict[str, Any] = {"count": int(self.counts[j].sum())}
+        for rule in self.rules:
+            if kind in rule.events:
+                out.update(rule.fields(j))
+        return out
+
+    def state_fields(self, j: int) -> dict[str, Any]:
+        """What the zone rules on for zone j add to its retained state."""
+        out: dict[str, Any] = {}
+        for rule in self.rules:
+            out.update(rule.fields(j))
+        return out

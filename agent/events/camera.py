@@ -8,12 +8,14 @@ publishes what happened, under a lock that ``reset`` (camera reconnect or stop) 
 On ``{prefix}/{device}/cameras/{camera}/events`` (QoS 1, not retained; schema edge-agent/event/1), per
 object: ``new`` (confirmed), ``update`` (its zones changed, or it moved ``events.update_move`` of the
 picture's diagonal since its last event; at most one per ``events.update_interval_s``), ``end`` (lost,
-or every track ended: gap, reconnect, stopped, removed, reconfigured); per zone ``zone_enter`` /
-``zone_leave``; per line ``line_cross``. Retained, on change: ``cameras/{camera}/zones/{zone}``
-(occupancy and counts by label; schema edge-agent/zone/1) and ``cameras/{camera}/lines/{line}`` (counts
-by direction and label; edge-agent/line/1). With ``events.snapshot.enabled``, a JPEG of the object's
-best detection follows its ``end`` on ``cameras/{camera}/tracks/{track_id}/snapshot`` (at most one per
-``min_interval_s`` per camera, only while connected). Payloads never hold the camera's URL.
+or every track ended: gap, reconnect, stopped, removed, reconfigured); and what the zone and line rules
+saw (pipelines.rules: ``zone_enter`` / ``zone_leave``, ``line_cross``, and the zone rules' own), all
+through one path (``_event``). Retained, on change: ``cameras/{camera}/zones/{zone}`` (occupancy and
+counts by label, and the fields of the zone rules on there; schema edge-agent/zone/1) and
+``cameras/{camera}/lines/{line}`` (counts by direction and label; edge-agent/line/1). With
+``events.snapshot.enabled``, a JPEG of the object's best detection follows its ``end`` on
+``cameras/{camera}/tracks/{track_id}/snapshot`` (at most one per ``min_interval_s`` per camera, only
+while connected). Payloads never hold the camera's URL.
 
 The per-frame work here is vectorised over tracks; Python per object runs only for objects that have an
 event in the frame.
@@ -38,6 +40,8 @@ from agent.events.snapshots import TrackSnapshots
 from agent.mqtt.topics import Topics, payload
 from pipelines.analytics import Analysis, CameraAnalytics
 from pipelines.frames import Detections, Frame
+from pipelines.regions import Transition
+from pipelines.rules import rule_of
 from pipelines.tracking import (
     BEST_BOX,
     BEST_FRAME,
@@ -62,7 +66,13 @@ class CameraEvents:
     """Analytics and events of one camera (see the module docstring)."""
 
     def __init__(
-        self, camera: str, cam: CameraConfig, labels: list[str], labels_src: str, out: Publisher
+        self,
+        camera: str,
+        cam: CameraConfig,
+        labels: list[str],
+        labels_src: str,
+        out: Publisher,
+        first_id: int = 1,  # the first track id (a restarted shard's: agent.shards.tracks)
     ) -> None:
         self.camera = camera
         self.labels = labels
@@ -70,7 +80,7 @@ class CameraEvents:
         self._lock = threading.Lock()
         self._cfg: EventsConfig = cam.events
         self._settings = analytics_settings(camera, cam, labels, labels_src)
-        self.analytics = CameraAnalytics(self._settings, len(labels))
+        self.analytics = CameraAnalytics(self._settings, len(labels), first_id)
         self._regions = RegionStates(camera, out, self._label)
         self._regions.configure(cam)
         # Per track (aligned with the tracker's tracks): wall clock and centre at its last event, and
@@ -188,7 +198,7 @@ class CameraEvents:
         if enabled:
             for tr in a.transitions:
                 if tr.reason is not None:
-                    self._zone_event(tr, a)
+                    self._event(tr, a)
         if step.ended is not None and len(step.ended):
             if enabled:
                 self._ends(a, self._announced.take(step.ended.rows))
@@ -209,14 +219,11 @@ class CameraEvents:
             for tr in a.transitions:
                 if tr.reason is not None:
                     continue
-                if tr.kind == "line_cross":
-                    self._line_event(tr, a)
-                    continue
-                if objects == "in_zones" and tr.kind == "zone_enter":
+                if objects == "in_zones" and tr.kind == rule_of(tr.kind).enters:
                     row = self._row_of(a, tr.track_id)
                     if row is not None and not self._announced[row] and self._old_enough(a, row):
                         self._object_event("new", a, row)  # its first zone: the object becomes an event
-                self._zone_event(tr, a)
+                self._event(tr, a)
             if objects != "none":
                 self._updates(a)
         if a.zones_changed or a.lines_changed:
@@ -327,23 +334,21 @@ class CameraEvents:
                 self._send_snapshot(int(col[ID]), ended.rows[k])
         self._snap.drop(ended.rows)
 
-    def _zone_event(self, tr: Any, a: Analysis) -> None:
-        spec = self.analytics.zones.specs[tr.region]
-        body: dict[str, Any] = {
-            "type": tr.kind,
-            "zone": spec.name,
-            "track_id": tr.track_id,
-            "label": self._label(tr.class_id),
-            "class_id": tr.class_id,
-            "frame_id": a.frame_id,
-        }
-        if tr.kind == "zone_leave":
-            body["dwell_s"] = round(float(tr.dwell_s or 0.0), 3)
-            body["reason"] = tr.reason
-        counts = self.analytics.zones.counts[tr.region]
-        body["count"] = int(counts.sum())
+    def _event(self, tr: Transition, a: Analysis) -> None:
+        """A rule's transition (pipelines.rules) as an event: its type, the region's name, the rule's lead
+        fields, the track, the rule's other fields, then the region's counts after it."""
+        rule = rule_of(tr.kind)
+        regions = self.analytics.regions(rule.region)
+        fields = {k: round(float(v), 3) if isinstance(v, float) else v for k, v in tr.fields.items()}
+        body: dict[str, Any] = {"type": tr.kind, rule.region: regions.specs[tr.region].name}
+        body.update((k, fields.pop(k)) for k in rule.lead)
+        body.update(
+            track_id=tr.track_id, label=self._label(tr.class_id), class_id=tr.class_id, frame_id=a.frame_id
+        )
+        body.update(fields)
+        body.update(regions.after(tr.kind, tr.region))
         self._send(body, a.ts)
-        if tr.reason is None:
+        if rule.moves and tr.reason is None:
             row = self._row_of(a, tr.track_id)
             if row is not None:
                 self._pending[row] = True  # the object's zones changed: an update is due
@@ -352,21 +357,6 @@ class CameraEvents:
     def _row_of(a: Analysis, track_id: int) -> int | None:
         rows = (a.table[ID] == track_id).nonzero()[0]
         return int(rows[0]) if rows.size else None
-
-    def _line_event(self, tr: Any, a: Analysis) -> None:
-        spec = self.analytics.lines.specs[tr.region]
-        counts, _ = self._regions.line_counts(self.analytics, tr.region)
-        body = {
-            "type": "line_cross",
-            "line": spec.name,
-            "direction": tr.direction,
-            "track_id": tr.track_id,
-            "label": self._label(tr.class_id),
-            "class_id": tr.class_id,
-            "frame_id": a.frame_id,
-            "counts": counts,
-        }
-        self._send(body, a.ts)
 
     def _send(self, body: dict[str, Any], ts: float) -> None:
         self.counts[body["type"]] += 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from agent.mqtt.topics import Topics
+from pipelines.rules import event_types
 
-EVENT_TYPES = ("new", "update", "end", "zone_enter", "zone_leave", "line_cross")
+# The object events, then those of the zone and line rules (pipelines.rules: a new rule brings its own).
+EVENT_TYPES = ("new", "update", "end", *event_types())
 
 
 class Publisher(Protocol):

@@ -1,6 +1,7 @@
 """The retained states of one camera's zones and lines: ``cameras/{camera}/zones/{zone}`` (occupancy and
-counts by label; schema edge-agent/zone/1) and ``cameras/{camera}/lines/{line}`` (counts by direction and
-label; edge-agent/line/1), published on change; an empty retained message deletes one that is gone."""
+counts by label, then the fields of the zone rules on for it, pipelines.rules; schema edge-agent/zone/1)
+and ``cameras/{camera}/lines/{line}`` (counts by direction and label; edge-agent/line/1), published on
+change; an empty retained message deletes one that is gone."""
 
 from __future__ import annotations
 
@@ -59,12 +60,19 @@ class RegionStates:
         for j, spec in enumerate(analytics.zones.specs):
             counts = self.zone_counts(analytics, j)
             total = sum(counts.values())
-            key = f"{total}:{sorted(counts.items())}".encode()
+            ruled = analytics.zones.state_fields(j)
+            key = f"{total}:{sorted(counts.items())}:{ruled}".encode()
             if not force and self._published_zones.get(spec.name) == key:
                 continue
             self._published_zones[spec.name] = key
             body = payload(
-                "zone", camera=self.camera, zone=spec.name, occupied=total > 0, count=total, counts=counts
+                "zone",
+                camera=self.camera,
+                zone=spec.name,
+                occupied=total > 0,
+                count=total,
+                counts=counts,
+                **ruled,
             )
             self._out.publish(topics.zone(self.camera, spec.name), body, state=True, qos=1)
         for j, spec in enumerate(analytics.lines.specs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agent.config import CameraConfig, ConfigError
 from pipelines.analytics import AnalyticsSettings
 from pipelines.regions import RegionSpec
+from pipelines.rules import zone_params
 from pipelines.tracking import TrackerParams
 
 
@@ -35,6 +36,7 @@ def analytics_settings(
             z.anchor,
             z.inertia,
             size if z.units == "pixels" else None,
+            zone_params(z),
         )
         for name, z in cam.zones.items()
     )

@@ -26,8 +26,10 @@ Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
   MQTT image platform takes them (``image_topic``, ``content_type`` image/jpeg);
 - per zone (agent.events): ``binary_sensor`` occupancy (device class occupancy) and a ``sensor`` count
   per label (the zone's ``labels``, else the camera's ``classes``, else ``count_labels``), from the
-  zone's retained state; per line: ``sensor`` in and out (crossings, total_increasing) from the line's
-  retained state. These topics change only when something happens, so they have no ``expire_after``.
+  zone's retained state, and the sensors of the zone rules on for the zone (pipelines.rules: each
+  declares its ``StateEntity``s, e.g. loitering); per line: ``sensor`` in and out (crossings,
+  total_increasing) from the line's retained state. These topics change only when something happens, so
+  they have no ``expire_after``.
 
 Every entity is unavailable while the status topic says ``offline`` (graceful stop or the broker's last
 will after a crash), available for any other state (online, degraded, rebuilding: the agent runs).
@@ -55,9 +57,11 @@ from agent.mqtt.ha_templates import (
     count_template,
     detected_template,
     line_template,
+    state_field_template,
     zone_count_template,
 )
 from agent.mqtt.topics import Topics
+from pipelines.rules import StateEntity, zone_params, zone_rules
 
 # HA's discovery topic matcher allows only these in node_id and object_id (mqtt/discovery.py).
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -130,6 +134,13 @@ def _plan(cfg: AgentConfig) -> list[_Entity]:
                 wanted.append(
                     ("sensor", camera, "zone_count", label, f"{zone_part}_{label_part}_count", zone)
                 )
+            on = dict(zone_params(zc))
+            for rule in zone_rules():
+                if rule.key in on:
+                    wanted += [
+                        ("sensor", camera, f"zone_{e.suffix}", None, f"{zone_part}_{e.suffix}", zone)
+                        for e in rule.entities
+                    ]
         for line in cam.lines:
             line_part = f"{cam_part}_line_{_TOPIC_UNSAFE.sub('_', line)}"
             wanted.append(("sensor", camera, "line_in", None, f"{line_part}_in", line))
@@ -275,8 +286,18 @@ def _detection_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
 
 
 def _region_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
-    """Zones (occupancy, count per label) and lines (crossings each way)."""
+    """Zones (occupancy, count per label, the zone rules' sensors) and lines (crossings each way)."""
     cam = entity.camera
+    ruled = _rule_entities().get(entity.kind)
+    if ruled is not None:
+        zone = entity.region or ""
+        return {
+            "name": f"{cam} {zone} {ruled.name}",
+            "state_topic": topics.zone(cam, zone),
+            "value_template": state_field_template(ruled.path),
+            **({"unit_of_measurement": ruled.unit} if ruled.unit else {}),
+            **({"state_class": ruled.state_class} if ruled.state_class else {}),
+        }
     if entity.kind == "zone_occupancy":
         zone = entity.region or ""
         return {
@@ -304,6 +325,11 @@ def _region_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
         "unit_of_measurement": "crossings",
         "state_class": "total_increasing",
     }
+
+
+def _rule_entities() -> dict[str, StateEntity]:
+    """The zone rules' sensors by entity kind (``zone_{suffix}``)."""
+    return {f"zone_{e.suffix}": e for rule in zone_rules() for e in rule.entities}
 
 
 def discovery_messages(cfg: AgentConfig, topics: Topics, version: str) -> dict[str, bytes]:

@@ -61,6 +61,13 @@ def line_template(direction: str) -> str:
     )
 
 
+def state_field_template(path: tuple[str, ...]) -> str:
+    """The number at ``path`` in a retained state (a zone rule's field, pipelines.rules.StateEntity)."""
+    refs = ["value_json" + "".join(f"[{json.dumps(k)}]" for k in path[: i + 1]) for i in range(len(path))]
+    checks = " and ".join([*(f"{r} is mapping" for r in refs[:-1]), f"{refs[-1]} is number"])
+    return f"{{{{ {refs[-1]} if value_json is defined and {checks} else 'None' }}}}"
+
+
 def detected_template(label: str) -> str:
     """ON while one detections payload has a detection with ``label``, else OFF ('' for a foreign payload)."""
     literal = json.dumps(label, ensure_ascii=False)  # a safe Jinja string literal (see count_template)
