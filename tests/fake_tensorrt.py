@@ -25,7 +25,7 @@ Behaviours of real TensorRT the fake models, so the code around it is tested aga
 - DLA (default_device_type DLA) refuses FP32 builds and profiles with min != max; can_run_on_DLA answers
   per layer type (DLA_LAYER_TYPES);
 - add_optimization_profile returns -1 for a profile missing an input or with min > opt > max;
-- a timing cache from another TensorRT version or device (mod.timing_device) is refused by
+- a timing cache from another TensorRT version or device (mod._timing_device) is refused by
   set_timing_cache (returns False) unless mismatches are ignored; ITimingCache.combine skips (False) a cache
   of another version, and one of another device unless ignore_mismatch; unreadable cache bytes give None.
 Every plan records its layers and the precision each ran in (`plan_layers`), which the engine inspector
@@ -77,14 +77,27 @@ DETECTOR_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
 ]
 
 # The grafted decode + NMS tail as the ONNX parser turns it into layers: a comparison (BOOL output) and a
-# loop. Names carry the engines.build.islands prefix the parser keeps from the ONNX node names.
+# loop. Named as TensorRT's parser names them (tests/data/nanodet_grafted_layers.json, recorded from the
+# real parser): layers made from a node keep its name (the engines.build.islands prefix), a constant is
+# named after its initializer, broadcasts and loop layers get names of the parser's own.
 ISLAND_LAYERS: list[tuple[str, str, list[str], list[tuple[str, str]]]] = [
-    ("keep_fp32/Greater", "ELEMENTWISE", ["scores", "thr"], [("keep", "BOOL")]),
+    ("graft/thr_12", "CONSTANT", [], [("graft/thr_12_output", "FLOAT")]),
+    ("ONNXTRT_Broadcast_13", "SHUFFLE", ["graft/thr_12_output"], [("ONNXTRT_Broadcast_13_output", "FLOAT")]),
+    ("keep_fp32/Greater", "ELEMENTWISE", ["scores", "ONNXTRT_Broadcast_13_output"], [("keep", "BOOL")]),
     ("keep_fp32/Mul", "ELEMENTWISE", ["boxes", "scale"], [("pix", "FLOAT")]),
-    ("keep_fp32/Loop/trip", "TRIP_LIMIT", ["s0"], []),
-    ("keep_fp32/Loop/iou", "RECURRENCE", ["pix", "keep"], [("state", "FLOAT")]),
-    ("keep_fp32/Loop/out", "LOOP_OUTPUT", ["state"], [("det_boxes", "FLOAT")]),
+    ("(Unnamed Layer* 16) [TripLimit]", "TRIP_LIMIT", ["s0"], []),
+    ("(Unnamed Layer* 17) [Recurrence]", "RECURRENCE", ["pix", "keep"], [("state", "FLOAT")]),
+    ("(Unnamed Layer* 18) [LoopOutput]", "LOOP_OUTPUT", ["state"], [("det_boxes", "FLOAT")]),
 ]
+# The real parse of the grafted NanoDet (tools/record_parsed_layers.py): make(parsed=recorded_parse()).
+NANODET_GRAFTED_LAYERS = Path(__file__).resolve().parent / "data" / "nanodet_grafted_layers.json"
+
+
+def recorded_parse(path: Path = NANODET_GRAFTED_LAYERS) -> dict[str, Any]:
+    """A network as TensorRT's ONNX parser made it: inputs, outputs, layers [name, type, inputs, outputs,
+    output dtypes, in the island-free parse], and the island-free parse's outputs and renamed layers."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 LOOP_LAYER_TYPES = ("TRIP_LIMIT", "RECURRENCE", "LOOP_OUTPUT", "ITERATOR")
 # Layer types the fake DLA runs (the rest falls back to the GPU).
 DLA_LAYER_TYPES = ("CONVOLUTION", "ACTIVATION", "ELEMENTWISE", "SOFTMAX", "CONCATENATION")
@@ -160,7 +173,10 @@ def make(
         "IInt8LegacyCalibrator",
     ),
     layers: list[tuple[str, str, list[str], list[tuple[str, str]]]] | None = None,
+    parsed: dict[str, Any] | None = None,
 ) -> types.ModuleType:
+    """`parsed` (recorded_parse()): the parser makes that recorded network, the whole of it from a graph
+    with an FP32 island (keep_fp32/ nodes), its island-free part from one without (the INT8 pre-pass)."""
     mod = types.ModuleType("fake_tensorrt")
     mod.__version__ = version
     calls: list[tuple[Any, ...]] = []
@@ -182,7 +198,15 @@ def make(
     mod.DeviceType = enum.IntEnum("DeviceType", {"GPU": 0, "DLA": 1})
     mod.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
     mod.DataType = enum.IntEnum(
-        "DataType", {"FLOAT": 0, "HALF": 1, "INT32": 3, "BOOL": 4, **({"INT8": 2} if int8 else {})}
+        "DataType",
+        {
+            "FLOAT": 0,
+            "HALF": 1,
+            "INT32": 3,
+            "BOOL": 4,
+            **({"INT8": 2} if int8 else {}),
+            **({"INT64": 8} if parsed else {}),
+        },
     )
     mod.nptype = lambda dt: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32}[int(dt)]
 
@@ -203,18 +227,18 @@ def make(
         calls.append(("init_libnvinfer_plugins", namespace))
         mod.plugins_registered = True
         # The plugin library keeps a raw pointer to this logger (the binding has no keep_alive): a weak one.
-        mod.plugin_logger = weakref.ref(logger)
+        mod._plugin_logger = weakref.ref(logger)
         return True
 
     def plugin_log(msg: str) -> None:
         """A plugin logs (on every creation/deserialisation) to the logger it was registered with: a crash
         in TensorRT where that logger is gone; a RuntimeError here."""
-        logger = mod.plugin_logger() if mod.plugin_logger is not None else None
+        logger = mod._plugin_logger() if mod._plugin_logger is not None else None
         if logger is None:
             raise RuntimeError("use after free: the plugin library logs to a logger that was destroyed")
         logger.log(ILogger.Severity.WARNING, msg)
 
-    mod.plugin_logger = None
+    mod._plugin_logger = None
 
     mod.init_libnvinfer_plugins = init_libnvinfer_plugins
 
@@ -282,10 +306,25 @@ def make(
                 "thr": Tensor("thr", mod.DataType.FLOAT),
                 "scale": Tensor("scale", mod.DataType.FLOAT),
             }
-            if int8:
+            if int8 and parsed is None:
                 self._add(layers or DETECTOR_LAYERS)
                 self.outputs = [self.tensors["scores"], self.tensors["boxes"]]
             mod.last_network = self
+
+        def _add_parsed(self, island: bool) -> None:
+            """The recorded parse: all of it (`island`), or the layers the island-free parse has."""
+            assert parsed is not None
+            specs = [x for x in parsed["layers"] if island or x[5]]
+            renames = {} if island else parsed["island_free_renames"]
+            self.tensors.update({t: Tensor(t, mod.DataType.FLOAT) for t in parsed["inputs"]})
+            for _, _, _, outs, dtypes, _ in specs:  # a loop reads tensors made further on
+                made = zip(outs, dtypes, strict=True)
+                self.tensors.update({t: Tensor(t, mod.DataType[d]) for t, d in made})
+            for name, kind, ins, outs, _, _ in specs:
+                made = [self.tensors[t] for t in outs]
+                reads = [None if t is None else self.tensors[t] for t in ins]
+                self.layers.append(Layer(renames.get(name, name), kind, reads, made))
+            self.outputs = [self.tensors[t] for t in parsed["outputs" if island else "island_free_outputs"]]
 
         def _add(self, specs: list[tuple[str, str, list[str], list[tuple[str, str]]]]) -> None:
             for name, kind, ins, outs in specs:
@@ -352,7 +391,10 @@ def make(
                     )
             if any(n.op_type == "DequantizeLinear" for n in nodes):
                 self.network._qdq = True  # the parser makes IDequantizeLayers: scales are in the graph
-            if any(n.name.startswith("keep_fp32/") for n in nodes):
+            has_island = any(n.name.startswith("keep_fp32/") for n in nodes)
+            if parsed is not None:
+                self.network._add_parsed(has_island)
+            elif has_island:
                 self.network._add_island()
             return not self.errors
 
@@ -369,17 +411,17 @@ def make(
             return self._read(_onnx_or_none(raw))
 
     mod.OnnxParser = OnnxParser
-    mod.timing_device = "gpu0"  # the device new timing caches name in their header
+    mod._timing_device = "gpu0"  # the device new timing caches name in their header
 
     class TimingCache:
         """Serialised as "trt<version>[@<device>];key,key": a cache remembers the TensorRT and the device
-        (mod.timing_device) that made it, as TensorRT's cache header does."""
+        (mod._timing_device) that made it, as TensorRT's cache header does."""
 
         def __init__(self, data: bytes) -> None:
             text = data.decode(errors="replace")
             head, _, keys = text.partition(";") if ";" in text else (version, "", text)
             made_by, _, device = head.removeprefix("trt").partition("@")
-            self.version, self.device = made_by, device or mod.timing_device
+            self.version, self._device = made_by, device or mod._timing_device
             self.keys = [k for k in keys.split(",") if k]
 
         def queryKeys(self) -> list[str]:
@@ -388,13 +430,13 @@ def make(
         def combine(self, other: TimingCache, ignore_mismatch: bool) -> bool:
             """ITimingCache::combine: a cache of another TensorRT version is skipped (False) whatever the
             flag; one of another device is merged only with ignore_mismatch."""
-            if other.version != self.version or (other.device != self.device and not ignore_mismatch):
+            if other.version != self.version or (other._device != self._device and not ignore_mismatch):
                 return False
             self.keys = sorted(set(self.keys) | set(other.keys))
             return True
 
         def serialize(self) -> bytes:
-            return f"trt{self.version}@{self.device};{','.join(self.keys)}".encode()
+            return f"trt{self.version}@{self._device};{','.join(self.keys)}".encode()
 
     class Profile:
         def __init__(self) -> None:
@@ -417,7 +459,7 @@ def make(
         return TimingCache(raw)
 
     def set_timing_cache(self: Any, cache: TimingCache, ignore_mismatch: bool) -> bool:
-        if (cache.version, cache.device) != (version, mod.timing_device) and not ignore_mismatch:
+        if (cache.version, cache._device) != (version, mod._timing_device) and not ignore_mismatch:
             return False  # made by another TensorRT (or device): refused
         self.timing_cache = cache
         return True
@@ -562,11 +604,10 @@ def make(
             return "INT8"
         return "HALF" if "FP16" in flags else "FLOAT"
 
+    if int8 or parsed:
+        kinds = dict.fromkeys([*LAYER_TYPES, *(x[1] for x in (parsed or {}).get("layers", []))])
+        mod.LayerType = enum.IntEnum("LayerType", {k: i for i, k in enumerate(kinds)})
     if int8:
-        mod.LayerType = enum.IntEnum(
-            "LayerType",
-            {k: i for i, k in enumerate(LAYER_TYPES)},
-        )
 
         def calibrator_class(name: str) -> type:
             def init(self: Any) -> None:

@@ -26,12 +26,12 @@ def test_plugins_log_to_a_logger_that_outlives_every_build(tmp_path: Path) -> No
     path = tiny_onnx(tmp_path / "p.onnx", plugin=True)
     fake_build(tmp_path, mod, path, precision="fp16")
     gc.collect()  # the first build's own logger is gone now
-    assert mod.plugin_logger is not None and mod.plugin_logger() is not None
+    assert mod._plugin_logger is not None and mod._plugin_logger() is not None
     # A second build parses the plugin op again: the plugin logs through the registered logger (before:
     # the first build's destroyed logger, a RuntimeError in the fake, a crash in TensorRT).
     fake_build(tmp_path / "again", mod, path, precision="fp16")
     api = TrtApi(mod)
-    assert mod.plugin_logger() is api.plugin_logger()  # one per module, for the process
+    assert mod._plugin_logger() is api.plugin_logger()  # one per module, for the process
 
 
 def test_the_plugin_logger_keeps_no_errors(caplog: pytest.LogCaptureFixture) -> None:

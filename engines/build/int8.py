@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engines.build import islands
 from engines.build.calibrator import (
     DEFAULT_QUANTILE,
     BatchFeeder,
@@ -95,8 +96,10 @@ def configure_int8(
     prepared: PreparedModel,
     spec: BuildSpec,
     req: Int8Request | None,
+    rest_out: list[str] | None = None,
 ) -> Calibrator | None:
-    """Configure INT8 on `config`; returns the calibrator (keep it alive until the build returns)."""
+    """Configure INT8 on `config`; returns the calibrator (keep it alive until the build returns).
+    `rest_out`: islands.rest_outputs of the parsed graph where it has an FP32 island (None: it has none)."""
     if not api.weakly_typed:
         return None  # strongly typed Q/DQ: precision is in the graph
     if not prepared.calibrate:
@@ -117,10 +120,18 @@ def configure_int8(
     req.flags = api.set_int8(config, calibrator)
 
     layers, outputs = api.network_layers(network)
+    if rest_out is not None:
+        # Select on the network without its FP32 island, whose outputs are the tensors the island reads:
+        # @head walks back from them to the head convolutions (from the island's outputs it would stop
+        # inside the graft), and no island layer is ever constrained to the kept precision (the island
+        # is pinned to FP32: engines.build.trt_plan).
+        island = islands.island_layers(layers, rest_out)
+        layers, outputs = [x for x in layers if x.index not in island], rest_out
     chosen = select_layers(layers, outputs, req.keep_layers)
     for index in chosen:
         api.constrain_layer(network, index, req.keep_precision)
-    req.kept = {layers[i].name: why for i, why in chosen.items()}
+    names = {layer.index: layer.name for layer in layers}
+    req.kept = {names[i]: why for i, why in chosen.items()}
     req.needs_constraints = bool(chosen)
     log.info(
         "INT8 (%s, %d samples): %d layers kept in %s: %s",

@@ -12,17 +12,28 @@ names starting with KEEP_FP32; conversions run on the rest and put the island ba
 typed TensorRT builds pin the island's layers to FP32 (engines.build.trt_plan).
 
 An island must be a tail: it may read tensors of the rest, the rest may not read its tensors.
+
+In a parsed TensorRT network the island is found by reachability, not by name: the ONNX parser names only
+the layers it makes from a node after that node, and makes more of its own (a Loop's
+"(Unnamed Layer* N) [Recurrence]"/TripLimit/LoopOutput, ONNXTRT_Broadcast_* and ONNXTRT_ShapeShuffle_*,
+the island's constants named after their initializers: recorded in tests/data/nanodet_grafted_layers.json).
+The rest is what computes rest_outputs(model); every other layer is the island's (island_layers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import onnx
 from onnx import helper
 
+from engines.trt import LayerInfo
+
 KEEP_FP32 = "keep_fp32/"
+
+log = logging.getLogger("engines.islands")
 
 
 class IslandError(ValueError):
@@ -87,6 +98,52 @@ def split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Island] | None:
     del base.graph.value_info[:]
     base.graph.value_info.extend(kept_info)
     return base, Island(island_nodes, moved, list(graph.output))
+
+
+def rest_outputs(model: onnx.ModelProto) -> list[str] | None:
+    """The tensors the graph without its island must still compute (the outputs split()'s base has): the
+    model outputs the rest makes, then the rest's tensors the island reads. None when no node is marked."""
+    graph = model.graph
+    island_nodes = [n for n in graph.node if marked(n.name)]
+    if not island_nodes:
+        return None
+    rest = [n for n in graph.node if not marked(n.name)]
+    made_by_rest = {o for n in rest for o in n.output} | {i.name for i in graph.input}
+    kept = [o.name for o in graph.output if o.name in made_by_rest]
+    boundary = sorted({name for n in island_nodes for name in _reads(n)} & made_by_rest)
+    return [*kept, *(b for b in boundary if b not in kept)]
+
+
+def island_layers(layers: Sequence[LayerInfo], rest_out: Iterable[str] | None) -> set[int]:
+    """Indices of the parsed network's layers that belong to the FP32 island: every layer that does not
+    help compute `rest_out` (rest_outputs() of the ONNX the network was parsed from: TensorRT keeps those
+    tensor names), whatever the parser named it; and every layer named after a marked node. With
+    `rest_out` None (no island in the ONNX) or none of its tensors in the network, by name only."""
+    named = {layer.index for layer in layers if marked(layer.name)}
+    if rest_out is None:
+        return named
+    producer = {t: layer for layer in layers for t in layer.outputs}
+    wanted = list(rest_out)
+    inputs = {t for layer in layers for t in layer.inputs if t is not None} - producer.keys()
+    missing = [t for t in wanted if t not in producer and t not in inputs]
+    if missing:
+        none_found = len(missing) == len(wanted)
+        log.warning(
+            "FP32 island: the network has no tensor %s of the graph's rest; %s",
+            ", ".join(repr(t) for t in missing),
+            "island found by layer names only" if none_found else "some of the rest may be pinned too",
+        )
+        if none_found:
+            return named
+    rest: set[int] = set()
+    stack = [producer[t] for t in wanted if t in producer]
+    while stack:
+        layer = stack.pop()
+        if layer.index in rest:
+            continue
+        rest.add(layer.index)
+        stack.extend(producer[t] for t in layer.inputs if t is not None and t in producer)
+    return {layer.index for layer in layers if layer.index not in rest} | named
 
 
 def join(base: onnx.ModelProto, island: Island) -> onnx.ModelProto:

@@ -40,18 +40,31 @@ def no_progress(phase: str, step: int, total: int) -> None:
     """The on_progress of a caller that wants none."""
 
 
-def _pin_fp32_islands(api: TrtApi, network: trt.INetworkDefinition) -> int:
+def _pin_fp32_islands(
+    api: TrtApi, network: trt.INetworkDefinition, rest_out: list[str] | None
+) -> int:
     """Weakly typed FP16/INT8 builds choose layer precisions freely: the layers of an FP32 island
-    (engines.build.islands; the ONNX parser names layers after their nodes) are pinned to FP32 instead - every
-    layer reading a float, comparisons included. Returns how many were pinned (the caller sets the one
-    precision-constraint flag). Written to the TensorRT docs, not run here."""
+    (engines.build.islands) are pinned to FP32 instead - every layer reading a float, comparisons included.
+    The island is every layer the rest of the graph does not need (islands.island_layers), so the layers
+    the parser makes itself are pinned too: the Loop's Recurrence/TripLimit/LoopOutput, broadcasts and
+    shape shuffles, the island's constants (an eps of 1e-9 is 0 in FP16). Returns how many were pinned (the
+    caller sets the one precision-constraint flag). Written to the TensorRT docs, not run here."""
     layers, _ = api.network_layers(network)
-    pinned = sum(
-        api.constrain_float_layer(network, layer.index) for layer in layers if islands.marked(layer.name)
-    )
+    island = islands.island_layers(layers, rest_out)
+    pinned = sum(api.constrain_float_layer(network, index) for index in sorted(island))
     if pinned:
         log.info("FP32 island: %d layers pinned to FP32", pinned)
     return pinned
+
+
+def _rest_outputs(prepared: PreparedModel) -> list[str] | None:
+    """islands.rest_outputs of the graph TensorRT parses (None: no FP32 island)."""
+    try:
+        data = prepared.model_bytes
+        model = onnx.load_from_string(data) if data is not None else onnx.load(str(prepared.onnx_path))
+    except Exception as e:  # an unreadable file fails the same way in the parser; say it here already
+        raise BuildError(f"cannot read ONNX model {prepared.onnx_path}: {e}") from e
+    return islands.rest_outputs(model)
 
 
 def _parse(
@@ -185,6 +198,8 @@ def build_plan(
     builder = _new_builder(api, logger)
     on_progress("parse", 0, 1)
     network, _parser = _parse(api, builder, prepared, logger)
+    # Where layers get precisions (weakly typed, reduced precision), the FP32 island is found from the graph.
+    rest_out = _rest_outputs(prepared) if api.weakly_typed and prepared.precision != "fp32" else None
     on_progress("parse", 1, 1)
 
     config, profiles = _base_config(api, builder, spec, logger)
@@ -192,8 +207,8 @@ def build_plan(
     calibrator: Calibrator | None = None
     if prepared.precision == "int8":
         # Keep `calibrator` referenced until the build returns: TensorRT holds only a raw pointer.
-        calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
-    _constrain(api, network, config, prepared, int8)
+        calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8, rest_out)
+    _constrain(api, network, config, prepared, int8, rest_out)
     if fp.dla_core is not None:
         described["dla"] = _dla_placement(api, network, config, fp.dla_core, prepared)
     cache: trt.ITimingCache | None = None
@@ -256,10 +271,12 @@ def _constrain(
     config: trt.IBuilderConfig,
     prepared: PreparedModel,
     int8: Int8Request | None,
+    rest_out: list[str] | None,
 ) -> None:
     """Pin FP32 islands (weakly typed reduced precision) and set the one precision-constraint flag that
     they and the INT8 request's kept layers need."""
-    pinned = _pin_fp32_islands(api, network) if api.weakly_typed and prepared.precision != "fp32" else 0
+    reduced = api.weakly_typed and prepared.precision != "fp32"
+    pinned = _pin_fp32_islands(api, network, rest_out) if reduced else 0
     kept = int8 is not None and int8.needs_constraints
     if pinned or kept:
         # One flag for both (NvInfer.h: set exactly one of OBEY/PREFER): the INT8 request's, else PREFER.
