@@ -58,6 +58,8 @@ class ZoneConfig(StrictModel):
     labels: list[str] | None = None  # counted labels (default: every class the camera reports)
     anchor: Anchor = "bottom_center"  # the point of a box that must be inside
     inertia: int = Field(2, ge=1, le=100)  # frames in a row inside (outside) before an enter (leave)
+    # A zone_loiter event once per stay this long inside (pipelines/rules/loitering.py); None: off.
+    loiter_s: float | None = Field(None, gt=0, le=86400)
 
     @field_validator("polygon")
     @classmethod
