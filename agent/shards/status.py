@@ -7,12 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from agent.service.supervisor import Progress
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan
-from agent.telemetry import StageWindow, build_telemetry, process_stats
+from agent.telemetry import StageWindow, sharded_telemetry
 from engines.cuda.gpu_probe import NVML
 
 STALE_S = 5.0  # a running shard's last report older than this: its models count as not running
@@ -63,48 +61,12 @@ def telemetry_fields(
     mqtt: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """One telemetry payload's fields from every running shard's last report (`reports`, shard ->
-    telemetry fields) and the stage windows they drained into `stages`."""
-    cams: dict[str, Any] = {}
-    backends: dict[str, Any] = {}
-    fills = []
-    cpu, rss = 0.0, 0.0
-    shards = []
+    telemetry fields) and the stage windows they drained into `stages` (combined as agent.telemetry.fields
+    declares)."""
     device_mb = NVML.process_memory()
-    for host in hosts:
-        t = reports.get(host.index) if host.state == "running" else None
-        row = _shard_row(host, plan, device_mb)
-        if t is not None:
-            cams.update(t.get("cameras", {}))
-            backends.update(t.get("backend") or {})
-            if t.get("batch_fill") is not None:
-                fills.append(t["batch_fill"])
-            proc = t.get("process") or {}
-            cpu += proc.get("cpu_percent") or 0.0
-            rss += proc.get("rss_mb") or 0.0
-            row["process"] = proc
-        shards.append(row)
-    own = process_stats()
-    fields = build_telemetry(
-        cameras=cams,
-        stages=stages.summary(),
-        backend=backends,
-        batch_fill=round(float(np.mean(fills)), 3) if fills else None,
-        process={
-            "cpu_percent": round(cpu + (own.get("cpu_percent") or 0.0), 1),
-            "rss_mb": round(rss + (own.get("rss_mb") or 0.0), 1),
-            "processes": 1 + sum(1 for s in shards if "process" in s),
-        },
-        mqtt=mqtt,
-    )
-    fields["shards"] = shards
-    for idx, gpu in (fields.get("gpu") or {}).items():  # which shards and NVDEC sessions each GPU has
-        mine = [s for s in shards if s["gpu"] is not None and str(s["gpu"]) == idx]
-        gpu["shards"] = [s["shard"] for s in mine]
-        names = {c for s in mine for c in s["cameras"]}
-        gpu["nvdec_sessions"] = sum(
-            1 for c, row in cams.items() if c in names and row.get("decoder") == "nvdec"
-        )
-    return fields
+    rows = [_shard_row(host, plan, device_mb) for host in hosts]
+    running = {h.index: reports[h.index] for h in hosts if h.state == "running" and h.index in reports}
+    return sharded_telemetry(rows, running, stages.summary(), mqtt)
 
 
 def _shard_row(host: ShardHost, plan: ShardPlan, device_mb: Mapping[int, Any]) -> dict[str, Any]:

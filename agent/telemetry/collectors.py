@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -12,12 +12,15 @@ from agent.telemetry.window import LATENCY_BUCKETS_MS, LATENCY_BUCKETS_S, Histog
 
 
 class LatencyHistogram:
-    """Collector of ``{ns}_stage_latency_seconds{stage}`` (a histogram, LATENCY_BUCKETS_S) from the cumulative
-    counts a StageWindow keeps (``StageRows.histograms``): each update adds what was counted since the last
-    one, and a total that went down (a new window) is counted again from zero, as a counter would be."""
+    """Collector of a latency histogram (``{ns}_stage_latency_seconds{stage}``, LATENCY_BUCKETS_S) from the
+    cumulative counts a StageWindow keeps (``StageRows.histograms``, by the one label's value): each
+    update adds what was counted since the last one, and a total that went down (a new window) is counted
+    again from zero, as a counter would be."""
 
-    def __init__(self, name: str, documentation: str) -> None:
-        self.name, self.documentation = name, documentation
+    def __init__(self, name: str, documentation: str, labels: Sequence[str] = ("stage",)) -> None:
+        if len(labels) != 1:
+            raise ValueError(f"{name}: a latency histogram has one label (the stage), got {list(labels)}")
+        self.name, self.documentation, self.labels = name, documentation, list(labels)
         self._lock = threading.Lock()
         self._counts: dict[str, list[int]] = {}  # per bucket (not cumulative), the last one +Inf
         self._sums: dict[str, float] = {}  # seconds
@@ -40,7 +43,7 @@ class LatencyHistogram:
                 self._sums[stage] = self._sums.get(stage, 0.0) + max(0.0, step_ms) / 1000.0
 
     def _family(self) -> HistogramMetricFamily:
-        return HistogramMetricFamily(self.name, self.documentation, labels=["stage"])
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
 
     def describe(self) -> Iterable[HistogramMetricFamily]:
         yield self._family()
