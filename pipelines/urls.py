@@ -7,6 +7,7 @@ of :mod:`pipelines.sources` so that loading a config does not load OpenCV.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import unquote
 
 # scheme://user:password@host... ; the password part is greedy up to the last "@" of the whitespace-free token
@@ -41,3 +42,17 @@ def secrets_of(text: str) -> list[str]:
     # Longest first so that a secret containing another is replaced whole; skip empties and 1-2 char
     # values that would mangle unrelated text.
     return sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
+
+
+def scrubber(raw: str) -> Callable[[str], str]:
+    """A function that masks URLs in a text and also the passwords of ``raw`` wherever they appear (a
+    camera's reader scrubs every message it logs or keeps with the one of its own URL)."""
+    secrets = secrets_of(raw)
+
+    def scrub(text: str) -> str:
+        text = mask_url(text)
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    return scrub

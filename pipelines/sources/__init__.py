@@ -8,8 +8,9 @@ Modules (one reader for every decoder; only the decode stage differs):
 
     spec.py       SourceSpec (what to open), Target (how OpenCV opens it), process-wide FFmpeg settings
     capture.py    Capture: one open connection through OpenCV, pictures or encoded packets; file rewind
-    reader.py     CameraReader: open -> decode stage -> hand over -> stall watch -> reconnect, one loop;
-                  open_reader: the stage a camera's `decoder` setting asks for
+    reader.py     CameraReader: open -> decode stage -> hand over -> stall watch -> reconnect, one loop
+    decoder_choice.py  open_reader: the reader with the stage a camera's `decoder` setting asks for
+    teardown.py   a camera's teardowns (capture release, session end) on threads of their own
     stages.py     the decode-stage interface; PictureStage (OpenCV decodes: CPU FFmpeg, V4L2, GStreamer)
     nvdec.py      NvdecStage: packets -> NVDEC (PyNvVideoCodec) -> NV12 pictures in device memory
     bitstream.py  H.264/H.265 helpers: codec names, NAL units, SPS parser (colour matrix and range)
@@ -18,7 +19,8 @@ Modules (one reader for every decoder; only the decode stage differs):
     slot.py       FrameSlot: the newest frame wins
 """
 
-from pipelines.sources.reader import CameraReader, StateCallback, open_reader
+from pipelines.sources.decoder_choice import open_reader
+from pipelines.sources.reader import CameraReader, StateCallback
 from pipelines.sources.slot import FrameSlot
 from pipelines.sources.spec import FFMPEG_CAPTURE_OPTIONS, SourceSpec, open_params
 

@@ -1,4 +1,5 @@
-"""Time for a reader: the absolute schedule a file plays on, and the fps limit of what is handed over.
+"""Time for a reader: the absolute schedule a file plays on, the fps limit of what is handed over, and the
+wait before a reconnect.
 
 Both keep a schedule (frame n is due at start + n x period) instead of sleeping a period after the work:
 a sleep after the work makes every frame late by the work's own time, and the rate drifts below nominal
@@ -7,11 +8,25 @@ a sleep after the work makes every frame late by the work's own time, and the ra
 
 from __future__ import annotations
 
+import random
 import time
 
 # A reader more than this late (a machine that froze, a debugger) starts a new schedule instead of bursting
 # out every frame it owes: a camera that came back late does not send its backlog either.
 RESYNC_S = 1.0
+DEFAULT_FILE_FPS = 25.0  # a file that reports no rate, with no `fps` set, plays at FFmpeg's own default
+
+
+def file_period(reported_fps: float | None, fps: float | None) -> float:
+    """Seconds between a file's frames: its own rate, else the configured `fps`, else FFmpeg's default."""
+    return 1.0 / (reported_fps or fps or DEFAULT_FILE_FPS)
+
+
+def backoff_s(failures: int, initial_s: float, max_s: float, rng: random.Random) -> float:
+    """The wait before reconnect attempt `failures` (1, 2, ...): capped exponential with full jitter
+    (uniform in [0, cap]), so many cameras behind one dead switch do not reconnect in step."""
+    cap = min(max_s, initial_s * 2.0 ** max(failures - 1, 0))
+    return rng.uniform(0.0, cap)
 
 
 class Schedule:

@@ -1,7 +1,7 @@
 """The camera reader: one thread per camera, one loop for every source kind and every decoder.
 
     reader = open_reader(spec, slot, on_state, decoder="auto")   # the stage a camera's `decoder` asks for
-    reader.start(); ...; reader.stop()
+    reader.start(); ...; reader.stop()                           # (pipelines/sources/decoder_choice.py)
 
 The loop (``CameraReader.run``); only the decode stage (pipelines/sources/stages.py, nvdec.py) differs
 between decoders:
@@ -24,8 +24,8 @@ picture) or, when the thread is stuck in a call that never returns, by the stall
 Isolation: nothing a reader does holds a lock or the GIL that another camera needs across a slow call.
 OpenCV releases the GIL in open and read, and its process-wide FFmpeg open lock is off (spec.py), so
 cameras open in parallel; state changes take this reader's own lock only; teardown (capture release, an
-NVDEC session's end) runs on a short-lived thread of its own, so a reconnect starts at once and a slow
-release delays nobody's frames.
+NVDEC session's end) runs on a short-lived thread of its own (teardown.py), so a reconnect starts at once
+and a slow release delays nobody's frames.
 
 Credentials never leave this package: every log line, ``last_error`` and exception text goes through
 :func:`pipelines.urls.mask_url` and the reader's own scrubber, which also knows the raw password.
@@ -43,12 +43,10 @@ import numpy as np
 
 from pipelines.frames import DeviceImage, Frame
 from pipelines.sources.capture import Capture, OpenError
-from pipelines.sources.nvdec import NvdecStage, nvdec_unavailable
-from pipelines.sources.pacing import RateLimit, Schedule
+from pipelines.sources.pacing import RateLimit, Schedule, backoff_s, file_period
 from pipelines.sources.slot import FrameSlot
 from pipelines.sources.spec import SourceSpec, resolve
 from pipelines.sources.stages import (
-    Closer,
     DecodeStage,
     DecodeStats,
     Picture,
@@ -57,13 +55,13 @@ from pipelines.sources.stages import (
     StageUnusable,
     StreamError,
 )
+from pipelines.sources.teardown import Teardowns
 from pipelines.sources.watch import WATCH
-from pipelines.urls import mask_url, secrets_of
+from pipelines.urls import scrubber
 
 log = logging.getLogger("pipelines.sources")
 
 StateCallback = Callable[[str, str, str | None], None]
-DEFAULT_FILE_FPS = 25.0  # a file that reports no rate, with no `fps` set, plays at FFmpeg's own default
 
 
 class CameraReader(threading.Thread):
@@ -91,12 +89,12 @@ class CameraReader(threading.Thread):
         self.mode = mode
         self.decoder_reason: str | None = None
         self._target = resolve(spec)
-        self._secrets = secrets_of(spec.raw)
+        self._scrub = scrubber(spec.raw)  # for every message logged or kept: no URL, no password
         self._rng = rng or random.Random()
         self._stopping = threading.Event()
         self._state_lock = threading.RLock()  # this camera's own: the reader and the stall watch
         self._reported: tuple[str, str | None] | None = None
-        self._closers: list[threading.Thread] = []
+        self._teardowns = Teardowns(spec.camera, self._scrub)
         self._next_id = 0
         self._stall: str | None = None  # set by the stall watch: the current connection is dead
         self.deadline = 0.0  # the stall watch's: by when the next picture must come (0.0: not watched)
@@ -134,9 +132,7 @@ class CameraReader(threading.Thread):
         deadline = time.monotonic() + timeout
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
-        for closer in list(self._closers):
-            closer.join(max(0.0, deadline - time.monotonic()))
-        return not self.is_alive() and not any(c.is_alive() for c in self._closers)
+        return self._teardowns.join(deadline) and not self.is_alive()
 
     @property
     def display(self) -> str:
@@ -193,7 +189,8 @@ class CameraReader(threading.Thread):
                     self._finish("failed", f"{error} ({failures} attempt{'s' if failures > 1 else ''})")
                     return
                 self._set_state("reconnecting", error)
-                if self._stopping.wait(self._backoff(failures)):
+                wait = backoff_s(failures, self.spec.backoff_initial_s, self.spec.backoff_max_s, self._rng)
+                if self._stopping.wait(wait):
                     break
                 self.reconnects += 1
         except Exception as exc:  # a bug must not kill the thread silently or leak a URL in a traceback
@@ -202,7 +199,7 @@ class CameraReader(threading.Thread):
         finally:
             self.deadline = 0.0
             WATCH.discard(self)
-            self._close_now(self.stage.end(final=True))
+            self._teardowns.now(self.stage.end(final=True))
             log.debug("camera %s: reader ended", self.spec.camera)
 
     def _connection(self) -> tuple[int, str, str | None]:
@@ -220,9 +217,9 @@ class CameraReader(threading.Thread):
             self.deadline = 0.0  # between connections nothing is due: the run loop reports why it ended
             closers = (self.stage.end(final=False), capture.release if capture is not None else None)
             if self._stopping.is_set() or outcome[2] is not None:
-                self._close_now(*closers)  # the reader ends: joining it must cover its teardown
+                self._teardowns.now(*closers)  # the reader ends: joining it must cover its teardown
             else:
-                self._close_later(*closers)
+                self._teardowns.later(*closers)
 
     def _start(self, capture: Capture) -> tuple[Capture | None, tuple[int, str, str | None]]:
         """The decode stage's session for this connection; for ``auto`` a stream NVDEC cannot take is
@@ -323,8 +320,7 @@ class CameraReader(threading.Thread):
     def _schedule(self, capture: Capture) -> Schedule | None:
         if self._target.kind != "file" or not self.spec.realtime:
             return None
-        rate = (capture.info.fps if capture.info else None) or self.spec.fps or DEFAULT_FILE_FPS
-        return Schedule(1.0 / rate)
+        return Schedule(file_period(capture.info.fps if capture.info else None, self.spec.fps))
 
     def _lost(self, capture: Capture, units: int) -> str:
         if capture.ended:
@@ -377,45 +373,13 @@ class CameraReader(threading.Thread):
 
     def _fall_back(self, reason: str) -> None:
         log.warning("camera %s: decoding on the CPU: %s", self.spec.camera, reason)
-        self._close_later(self.stage.end(final=True))
+        self._teardowns.later(self.stage.end(final=True))
         self.stage, self.decoder_reason = PictureStage("cpu"), reason
 
     def _finish(self, state: str, reason: str) -> None:
         if state == "failed":
             self.last_error = reason
         self._set_state(state, reason)
-
-    def _close_later(self, *closers: Closer | None) -> None:
-        """Teardown on a thread of its own: the reconnect starts at once, and a release that blocks (an
-        RTSP teardown to a frozen server, a decoder that waits for its GPU work) delays nobody. stop() joins
-        these threads: a release still running in C++ when the interpreter exits aborts the process."""
-        if not any(c is not None for c in closers):
-            return
-        thread = threading.Thread(
-            target=self._close_now, args=closers, name=f"close-{self.spec.camera}", daemon=True
-        )
-        thread.start()
-        self._closers = [t for t in self._closers if t.is_alive()] + [thread]
-
-    def _close_now(self, *closers: Closer | None) -> None:
-        for closer in closers:
-            if closer is None:
-                continue
-            try:
-                closer()
-            except Exception as exc:
-                log.debug("camera %s: teardown: %s", self.spec.camera, self._scrub(repr(exc)))
-
-    def _backoff(self, failures: int) -> float:
-        # Full jitter (uniform in [0, cap]): many cameras behind one dead switch do not reconnect in step.
-        cap = min(self.spec.backoff_max_s, self.spec.backoff_initial_s * 2.0 ** max(failures - 1, 0))
-        return self._rng.uniform(0.0, cap)
-
-    def _scrub(self, text: str) -> str:
-        text = mask_url(text)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
 
     def _set_state(self, state: str, reason: str | None) -> None:
         reason = None if reason is None else self._scrub(reason)
@@ -431,41 +395,3 @@ class CameraReader(threading.Thread):
                     self.on_state(self.spec.camera, state, reason)
                 except Exception:  # a broken subscriber must not stop the camera
                     log.exception("camera %s: on_state callback failed", self.spec.camera)
-
-
-# --- which stage a camera gets --------------------------------------------------------------------------
-_told: set[str] = set()  # host-level reasons already logged (once per process, not once per camera)
-
-
-def open_reader(
-    spec: SourceSpec,
-    slot: FrameSlot | None,
-    on_state: StateCallback | None,
-    *,
-    decoder: str = "auto",
-    device: int = 0,
-    latency: str = "low",
-) -> CameraReader:
-    """The reader a camera's ``decoder`` setting asks for: cpu, nvdec, or auto (NVDEC where it works).
-
-    A GStreamer pipeline decodes itself (stage "pipeline"). For auto on a host without NVDEC, or a source
-    NVDEC cannot take (V4L2), this is CPU decoding with the reason in ``decoder_reason`` (host reasons
-    logged once per process); per-stream reasons (codec, size) are found when the stream opens.
-    """
-    if decoder not in ("auto", "cpu", "nvdec"):
-        raise ValueError(f"camera {spec.camera!r}: decoder must be auto, cpu or nvdec, not {decoder!r}")
-    if spec.pipeline is not None or decoder == "cpu":
-        return CameraReader(spec, slot, on_state, mode=decoder)
-    if decoder == "auto":
-        kind = resolve(spec).kind
-        why = nvdec_unavailable()
-        if why is not None and why not in _told:
-            _told.add(why)
-            log.info("NVDEC not used (%s): cameras with decoder auto decode on the CPU", why)
-        if why is None and kind in ("v4l2", "gstreamer"):
-            why = f"NVDEC takes FFmpeg sources (RTSP, files), not {kind}"
-        if why is not None:
-            reader = CameraReader(spec, slot, on_state, mode=decoder)
-            reader.decoder_reason = why
-            return reader
-    return CameraReader(spec, slot, on_state, stage=NvdecStage(device=device, latency=latency), mode=decoder)
