@@ -34,6 +34,7 @@ of the deserialised plan reports.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import types
@@ -221,6 +222,7 @@ def make(
             pass
 
     mod.ILogger = ILogger
+    _runtime_api(mod)  # error recorders, output allocators, context memory (below make)
     mod.plugins_registered = False
 
     def init_libnvinfer_plugins(logger: Any, namespace: str) -> bool:
@@ -670,8 +672,15 @@ def make(
         def get_tensor_profile_shape(self, name: str, index: int) -> Any:
             return self._t(name)[4]  # every profile alike
 
-        def create_execution_context(self) -> ExecutionContext:
-            return ExecutionContext(self)
+        def create_execution_context(self, strategy: Any = None) -> ExecutionContext:
+            return ExecutionContext(self, strategy)
+
+        def get_device_memory_size_for_profile_v2(self, index: int) -> int:
+            return _activation_bytes(mod, self, index)
+
+        @property
+        def device_memory_size_v2(self) -> int:  # STATIC: the largest over every profile
+            return max(_activation_bytes(mod, self, p) for p in range(self.num_optimization_profiles))
 
         def create_engine_inspector(self) -> EngineInspector:
             return EngineInspector(self._layers)
@@ -683,8 +692,9 @@ def make(
         the module probes of older versions must still find no execution API). Shapes follow the engine's
         IO; execute_async_v3 computes nothing (the fake cudart's device memory stays as it is)."""
 
-        def __init__(self, engine: Engine) -> None:
+        def __init__(self, engine: Engine, strategy: Any = None) -> None:
             self.engine = engine
+            _context_memory(mod, self, strategy)  # _device_memory_bytes, error_recorder, output allocators
             # The default is the verbosity the engine was built with (agent engines: DETAILED).
             self.nvtx_verbosity = mod.ProfilingVerbosity.DETAILED
             self.profiler: Any = None
@@ -718,13 +728,20 @@ def make(
             t = self.engine._t(name)
             if t[1] == 1:
                 return self.shapes.get(name, t[2])
+            if name in mod._ENGINE_DDS:  # data-dependent: -1 until the batch ran (notify_shape says)
+                return t[2]
             batch = next(iter(self.shapes.values()), (-1,))[0]  # outputs follow the input's batch
             return (batch, *t[2][1:])
 
         def execute_async_v3(self, stream: int) -> bool:
             level = mod.ProfilingVerbosity(self.nvtx_verbosity).name
             calls.append(("execute_async_v3", dict(self.shapes), level))
-            return len(self.addresses) == len(self.engine.io)
+            if not _execute_checks(mod, self, stream):  # memory, allocators: errors as TensorRT reports
+                return False
+            return len(self.addresses) + len(self._output_allocators) == len(self.engine.io)
+
+        set_device_memory = _set_device_memory
+        set_output_allocator = _set_output_allocator
 
     if not hasattr(mod, "ProfilingVerbosity"):
         mod.ProfilingVerbosity = enum.IntEnum(
@@ -750,6 +767,7 @@ def make(
         def __init__(self, logger: Any) -> None:
             self.logger = logger
             self._dla_core = -1
+            self.error_recorder: Any = None  # set: errors go to it instead of the logger (as RTX 1.7 does)
 
         @property
         def DLA_core(self) -> int:
@@ -763,13 +781,135 @@ def make(
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
             calls.append(("deserialize_cuda_engine", self._dla_core))
             if not bytes(plan).startswith(PLAN_MAGIC):
-                self.logger.log(ILogger.Severity.ERROR, "Serialization assertion magicTag failed")
+                _report(mod, self, "UNSPECIFIED_ERROR", "Serialization assertion magicTag failed")
                 return None
             if mod.refuse_loads > 0:
                 mod.refuse_loads -= 1
-                self.logger.log(ILogger.Severity.ERROR, mod.refusal)
+                _report(mod, self, "UNSPECIFIED_ERROR", mod.refusal)
                 return None
-            return Engine(mod.ENGINE_IO, bytes(plan))
+            if mod._load_failure is not None:  # the device's fault: (ErrorCode name, description)
+                _report(mod, self, *mod._load_failure)
+                return None
+            engine = Engine(mod.ENGINE_IO, bytes(plan))
+            engine.error_recorder = self.error_recorder  # inherited, as TensorRT passes it along
+            return engine
 
     mod.Runtime = Runtime
     return mod
+
+
+# ---- the runtime API of TensorRT 10 that engines.runtimes.slots uses beyond the basics -----------------
+# Modelled on NvInferRuntime.h / the Python API docs (tensorrt-stubs 10.13) and, for error recorders, on
+# TensorRT-RTX 1.7 measured here: once a recorder is set, errors go to it and not to the logger, and a
+# failed magic tag and cudaError 35 both come as UNSPECIFIED_ERROR.
+#   mod._ENGINE_DDS = {"detections": 5}   outputs of data-dependent shape (-1 dims in ENGINE_IO) and the
+#                                        rows the next executions produce; _DDS_MAX_ROWS: the upper bound
+#   mod._load_failure = ("FAILED_ALLOCATION", "...")   the next loads fail for the device's sake
+#   mod._ACTIVATION_BYTES_PER_INPUT_BYTE   the fake's device_memory_size model: activations per input byte
+#                                         at the profile's max shape
+
+
+def _runtime_api(mod: Any) -> None:
+    mod.ErrorCodeTRT = enum.IntEnum(
+        "ErrorCodeTRT",
+        [
+            "SUCCESS", "UNSPECIFIED_ERROR", "INTERNAL_ERROR", "INVALID_ARGUMENT", "INVALID_CONFIG",
+            "FAILED_ALLOCATION", "FAILED_INITIALIZATION", "FAILED_EXECUTION", "FAILED_COMPUTATION",
+            "INVALID_STATE", "UNSUPPORTED_STATE",
+        ],
+        start=0,
+    )  # fmt: skip
+    mod.ExecutionContextAllocationStrategy = enum.IntEnum(
+        "ExecutionContextAllocationStrategy", {"STATIC": 0, "ON_PROFILE_CHANGE": 1, "USER_MANAGED": 2}
+    )
+
+    class IErrorRecorder:
+        def __init__(self) -> None:
+            pass
+
+    class IOutputAllocator:
+        def __init__(self) -> None:
+            pass
+
+    mod.IErrorRecorder, mod.IOutputAllocator = IErrorRecorder, IOutputAllocator
+    mod._ENGINE_DDS = {}
+    mod._DDS_MAX_ROWS = 100
+    mod._load_failure = None
+    mod._ACTIVATION_BYTES_PER_INPUT_BYTE = 2
+    mod._static_context_bytes = 0  # activation memory TensorRT itself allocated for STATIC contexts
+
+
+def _report(mod: Any, owner: Any, code: str, desc: str) -> None:
+    """An error the way TensorRT reports it: to the owner's recorder if one is set, else its logger."""
+    recorder = getattr(owner, "error_recorder", None)
+    if recorder is not None:
+        recorder.report_error(mod.ErrorCodeTRT[code], desc)
+    elif getattr(owner, "logger", None) is not None:
+        owner.logger.log(mod.ILogger.Severity.ERROR, desc)
+
+
+def _activation_bytes(mod: Any, engine: Any, profile: int) -> int:
+    """The fake's get_device_memory_size_for_profile: a multiple of the input's bytes at the profile's
+    max shape (every fake profile is alike)."""
+    inp = next(t for t in engine.io if t[1] == 1)
+    hi = inp[4][2]
+    return int(np.prod(hi)) * 4 * mod._ACTIVATION_BYTES_PER_INPUT_BYTE
+
+
+def _context_memory(mod: Any, ctx: Any, strategy: Any) -> None:
+    ctx._mod = mod
+    ctx._strategy = mod.ExecutionContextAllocationStrategy(strategy or 0)
+    ctx.error_recorder = getattr(ctx.engine, "error_recorder", None)
+    ctx._output_allocators = {}
+    ctx._device_memory_bytes = 0
+    if ctx._strategy != mod.ExecutionContextAllocationStrategy.USER_MANAGED:
+        ctx._device_memory_bytes = ctx.engine.device_memory_size_v2  # TensorRT allocates it itself
+        mod._static_context_bytes += ctx._device_memory_bytes
+
+
+def _set_device_memory(ctx: Any, memory: int, size: int) -> None:
+    ctx.device_memory, ctx._device_memory_bytes = int(memory), int(size)
+
+
+def _set_output_allocator(ctx: Any, name: str, allocator: Any) -> bool:
+    if name not in ctx._mod._ENGINE_DDS or not any(t[0] == name for t in ctx.engine.io):
+        return False
+    ctx._output_allocators[name] = allocator
+    return True
+
+
+def _execute_checks(mod: Any, ctx: Any, stream: int) -> bool:
+    """What execute_async_v3 checks and does beyond the addresses: a user-managed context needs its
+    memory (at least the active profile's size); a data-dependent output needs an allocator, which is
+    asked for the upper bound of bytes (reallocate_output_async where defined, else reallocate_output),
+    gets the rows written at the address it returned (the fake cudart's memory is host memory), and is
+    told the shape (notify_shape)."""
+    if ctx._strategy == mod.ExecutionContextAllocationStrategy.USER_MANAGED:
+        need = ctx.engine.get_device_memory_size_for_profile_v2(ctx.active_optimization_profile)
+        if ctx._device_memory_bytes < need:
+            why = f"enqueueV3: device memory {ctx._device_memory_bytes} < {need} bytes"
+            _report(mod, ctx, "INVALID_STATE", why)
+            return False
+    for name, rows in mod._ENGINE_DDS.items():
+        allocator = ctx._output_allocators.get(name)
+        if allocator is None:
+            if name not in ctx.addresses:
+                why = f"enqueueV3: output {name} has neither an address nor an allocator"
+                _report(mod, ctx, "INVALID_STATE", why)
+                return False
+            continue
+        t = ctx.engine._t(name)
+        width = [d for d in t[2] if d >= 0]
+        dtype = np.dtype(mod.nptype(mod.DataType(t[3])))
+        bound = mod._DDS_MAX_ROWS * int(np.prod(width)) * dtype.itemsize
+        if hasattr(allocator, "reallocate_output_async"):
+            ptr = allocator.reallocate_output_async(name, 0, bound, 256, stream)
+        else:
+            ptr = allocator.reallocate_output(name, 0, bound, 256)
+        if not ptr:
+            _report(mod, ctx, "FAILED_ALLOCATION", f"enqueueV3: output allocator gave no memory for {name}")
+            return False
+        data = np.arange(rows * int(np.prod(width)), dtype=dtype)  # row i: i*width ...
+        ctypes.memmove(int(ptr), data.ctypes.data, data.nbytes)
+        allocator.notify_shape(name, (rows, *width))
+    return True

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engines.cuda.handles import handle_of
 from engines.errors import EngineError, UnavailableError
 
 
@@ -138,10 +139,45 @@ class DeviceBuffer:
             self.free()
 
 
-def cuda_allocator() -> Allocator:
-    """An Allocator backed by cudaMalloc (imports cuda-python now: fails early and clearly)."""
-    cudart = import_cudart()
-    return lambda nbytes: DeviceBuffer(nbytes, cudart)
+class StagedDeviceBuffer(DeviceBuffer):
+    """A DeviceBuffer whose host -> device copies pass through its own pinned buffer (calibration batches).
+
+    cudaMemcpy from pageable memory returns once the bytes are staged for DMA, not when they reached the
+    device (CUDA's "API synchronization behavior"), so TensorRT, reading the buffer on its own stream right
+    after get_batch returns, could read part of the previous batch; from pinned memory cudaMemcpy returns
+    when the copy is complete."""
+
+    def __init__(self, nbytes: int, cudart: ModuleType | None = None) -> None:
+        super().__init__(nbytes, cudart)
+        try:
+            self._staging = PinnedBuffer(self.nbytes, self._rt)
+        except BaseException:
+            super().free()
+            raise
+
+    def copy_from_host(self, array: np.ndarray) -> None:
+        array = self._check(array)
+        staged = self._staging.view(np.dtype(np.uint8), (array.nbytes,))
+        staged[:] = array.reshape(-1).view(np.uint8)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        cuda_call(
+            self._rt,
+            "cudaMemcpy(pinned host -> device)",
+            self._rt.cudaMemcpy(self.ptr, self._staging.ptr, array.nbytes, kind),
+        )
+
+    def free(self) -> None:
+        staging = getattr(self, "_staging", None)
+        if staging is not None:
+            staging.free()
+        super().free()
+
+
+def cuda_allocator(cudart: ModuleType | None = None) -> Allocator:
+    """An Allocator of device buffers fed through pinned memory (StagedDeviceBuffer), for calibration
+    batches; imports cuda-python now, so it fails early and clearly."""
+    rt = cudart or import_cudart()
+    return lambda nbytes: StagedDeviceBuffer(nbytes, rt)
 
 
 # ---- streams, events, pinned host memory (TensorRT execution slots) -----------------------------
@@ -167,7 +203,7 @@ class Stream:
 
     @property
     def handle(self) -> int:
-        return int(self.raw)
+        return handle_of(self.raw)  # int(stream) is deprecated from cuda-bindings 12.9.1
 
     def synchronize(self) -> None:
         cuda_call(self._rt, "cudaStreamSynchronize", self._rt.cudaStreamSynchronize(self.raw))
@@ -249,6 +285,39 @@ class PinnedBuffer:
             ptr, self.ptr = self.ptr, 0
             self.array = np.empty(0, dtype=np.uint8)
             cuda_call(self._rt, "cudaFreeHost", self._rt.cudaFreeHost(ptr))
+
+
+class MappedBuffer(PinnedBuffer):
+    """Pinned host memory mapped into the device's address space (cudaHostAlloc(cudaHostAllocMapped)):
+    on an integrated GPU (Jetson, unified memory) the device reads and writes it at `device_ptr`, so no
+    separate device buffer and no copy are needed. (Orin's I/O coherence keeps it CPU-cached.)"""
+
+    def __init__(self, nbytes: int, cudart: ModuleType | None = None) -> None:
+        rt = cudart or import_cudart()
+        size = int(nbytes)
+        ptr = int(
+            cuda_call(rt, f"cudaHostAlloc({size}, mapped)", rt.cudaHostAlloc(size, rt.cudaHostAllocMapped))
+        )
+        self._rt, self.nbytes, self.ptr = rt, size, ptr
+        try:
+            self.device_ptr = int(
+                cuda_call(rt, "cudaHostGetDevicePointer", rt.cudaHostGetDevicePointer(ptr, 0))
+            )
+        except BaseException:
+            self.free()
+            raise
+        self.array = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), (size,))
+
+
+def unified_memory(cudart: ModuleType) -> bool:
+    """True on an integrated GPU (Jetson: the GPU shares the host's memory), where mapped pinned memory
+    serves as device memory; False on a discrete GPU or when CUDA cannot say."""
+    try:
+        device = cuda_call(cudart, "cudaGetDevice", cudart.cudaGetDevice())
+        attr = cudart.cudaDeviceAttr.cudaDevAttrIntegrated
+        return bool(cuda_call(cudart, "cudaDeviceGetAttribute", cudart.cudaDeviceGetAttribute(attr, device)))
+    except (CudaError, AttributeError):
+        return False
 
 
 def memcpy_async(

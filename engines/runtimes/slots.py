@@ -13,7 +13,22 @@ and pinned host + device buffers per IO tensor sized for the largest shapes of i
 allocated once. A batch: pick the slot's profile that admits the shape (switch with
 set_optimization_profile_async when needed) -> set_input_shape -> copy into pinned memory -> async H2D ->
 execute_async_v3 -> async D2H of each output shaped by the context -> wait on the stream; the events
-give the device time. Tensor addresses are set once (again after a profile switch).
+give the device time. Tensor addresses are set once (again after a profile switch). A profile switch is
+queued on the slot's own stream, ahead of the batch: no host wait (and none while anything is held that
+another thread needs: a slot belongs to one caller at a time, the pool's queue is not held while a slot
+runs, so a thread blocked in a synchronize never stops another slot; tests/test_trt_runtime_review.py).
+
+Given the TrtApi (`api`), as TensorRTBackend does:
+- memory: each slot's context is created without activation memory (USER_MANAGED / ..._without_device_
+  memory) and gets one block the slot allocates, sized for the profiles it owns. The rule: a block is
+  shared only by contexts that never run at once. The pool runs its slots at once (the scheduler keeps
+  up to `slots` batches in flight, each on its slot's stream), so each slot has its own block; within a
+  slot every profile uses the same one (one batch at a time). On an integrated GPU (Jetson: unified
+  memory) the IO buffers are mapped pinned memory the GPU reads in place: no device copy, no memcpy.
+- errors by code: each context has its own IErrorRecorder; a failed batch names TensorRT's error codes.
+- outputs whose shape only the data decides (-1 dims once the input shape is set: [N, 6] detections of
+  NMS-terminated exports) get an IOutputAllocator: TensorRT asks it for memory during execute_async_v3
+  and tells it the shape; the slot copies that many rows back after the stream is done.
 
 Written to the TensorRT docs (tensor-address API, TensorRT >= 8.5 and TensorRT-RTX); TensorRT itself
 cannot run in this project's CI. The CUDA side and this control flow run on a GPU with a `fake_`
@@ -27,7 +42,7 @@ import logging
 import queue
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -35,15 +50,20 @@ from engines.cuda.buffers import (
     CudaError,
     DeviceBuffer,
     Event,
+    MappedBuffer,
     PinnedBuffer,
     Stream,
     import_cudart,
     memcpy_async,
+    unified_memory,
 )
 from engines.runtimes.base import BackendError, DeviceTensor
+from engines.trt.runtime import TrtErrorRecord, device_failure
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
+
+    from engines.trt.runtime import RuntimeCalls
 
 log = logging.getLogger(__name__)
 Shape = tuple[int, ...]
@@ -58,9 +78,35 @@ class IoSpec:
 
 @dataclass
 class _Buffers:
+    """One IO tensor's memory: pinned host memory, and device memory unless the device reads the host
+    memory in place (mapped, unified memory: `device` None)."""
+
     spec: IoSpec
-    device: DeviceBuffer
+    device: DeviceBuffer | None
     host: PinnedBuffer
+
+    @property
+    def device_ptr(self) -> int:
+        if self.device is not None:
+            return self.device.ptr
+        assert isinstance(self.host, MappedBuffer)
+        return self.host.device_ptr
+
+    @classmethod
+    def allocate(cls, spec: IoSpec, nbytes: int, cudart: ModuleType, unified: bool) -> _Buffers:
+        if unified:
+            return cls(spec, None, MappedBuffer(nbytes, cudart))
+        device = DeviceBuffer(nbytes, cudart)
+        try:
+            return cls(spec, device, PinnedBuffer(nbytes, cudart))
+        except BaseException:
+            device.free()  # not held by anyone yet: nobody else would free it
+            raise
+
+    def free(self) -> None:
+        self.host.free()
+        if self.device is not None:
+            self.device.free()
 
 
 def _fits(shape: Shape, lo: Shape, hi: Shape) -> bool:
@@ -89,18 +135,31 @@ class ExecutionSlot:
         profiles: list[int],
         plan: str,
         cudart: ModuleType,
+        api: RuntimeCalls | None = None,
+        unified: bool = False,
     ) -> None:
-        self.plan, self._rt = plan, cudart
+        self.plan, self._rt, self._api, self._unified = plan, cudart, api, unified
         self._input = next(t for t in io if t.is_input)
         self._outputs = [t for t in io if not t.is_input]
         self._buffers: list[_Buffers] = []
         self._input_ptr = 0  # where the input tensor's address points now
         self._events: list[Event] = []
         self.stream: Stream | None = None
-        context = engine.create_execution_context()
+        self.activations: DeviceBuffer | None = None  # the context's activation block (user-managed)
+        # Outputs of data-dependent shape: their memory, grown on TensorRT's request (None: none yet).
+        self._dynamic: dict[str, _Buffers | None] = {}
+        self._allocator: Any | None = None
+        user_memory = False
+        if api is not None:
+            context, user_memory = api.create_context(engine, user_memory=True)
+        else:
+            context = engine.create_execution_context()
         if context is None:
             raise BackendError(f"cannot create an execution context for {plan} (device out of memory?)")
         self.context: trt.IExecutionContext = context
+        self.recorder = api.error_recorder() if api is not None else None
+        if self.recorder is not None and hasattr(context, "error_recorder"):
+            context.error_recorder = self.recorder  # this slot's errors only, whichever thread runs it
         try:
             self.stream = Stream(cudart)
             self._events = [Event(cudart), Event(cudart)]
@@ -108,11 +167,21 @@ class ExecutionSlot:
             self.profiles = [
                 (p, *self._min_max(engine.get_tensor_profile_shape(self._input.name, p))) for p in profiles
             ]
+            if user_memory:
+                assert api is not None
+                self._give_memory(api, engine, profiles)
             self.active = -1
             self._allocate()
         except BaseException:
             self.close()
             raise
+
+    def _give_memory(self, api: RuntimeCalls, engine: trt.ICudaEngine, profiles: list[int]) -> None:
+        """One activation block for this slot's context, sized for the profiles it owns."""
+        nbytes = api.context_memory_size(engine, profiles)
+        if nbytes > 0:  # TensorRT accepts no memory where it needs none
+            self.activations = DeviceBuffer(nbytes, self._rt)
+            api.set_context_memory(self.context, self.activations.ptr, nbytes)
 
     @staticmethod
     def _min_max(shapes: list[trt.Dims]) -> tuple[Shape, Shape]:
@@ -120,41 +189,64 @@ class ExecutionSlot:
         return tuple(shapes[0]), tuple(shapes[2])  # type: ignore[arg-type]
 
     def _allocate(self) -> None:
-        """Buffers for the largest shapes of this slot's profiles (outputs as the context shapes them)."""
+        """Buffers for the largest shapes of this slot's profiles (outputs as the context shapes them);
+        outputs of data-dependent shape get the output allocator instead."""
         largest: dict[str, int] = {}
         for index, _lo, hi in self.profiles:
             self._select(index)
             self._set_input_shape(hi)
             shapes = {self._input.name: hi} | {o.name: self._output_shape(o) for o in self._outputs}
             for t in [self._input, *self._outputs]:
+                if any(d < 0 for d in shapes[t.name]):
+                    self._dynamic[t.name] = None
+                    continue
                 n = int(np.prod(shapes[t.name])) * t.dtype.itemsize
                 largest[t.name] = max(largest.get(t.name, 0), n)
+        if self._dynamic:
+            self._allocator = self._api.output_allocator(self._reallocate) if self._api else None
+            if self._allocator is None:
+                names = sorted(self._dynamic)
+                raise BackendError(
+                    f"{self.plan}: outputs {names} have a data-dependent shape and this TensorRT has no "
+                    "IOutputAllocator to receive them"
+                )
         for t in [self._input, *self._outputs]:
-            nbytes = max(largest[t.name], 1)
-            device = DeviceBuffer(nbytes, self._rt)
-            try:
-                host = PinnedBuffer(nbytes, self._rt)
-            except BaseException:
-                device.free()  # not in self._buffers yet: close() would not see it
-                raise
-            self._buffers.append(_Buffers(t, device, host))
+            if t.name not in self._dynamic:
+                self._buffers.append(_Buffers.allocate(t, max(largest[t.name], 1), self._rt, self._unified))
+        for name in self._dynamic:
+            assert self._allocator is not None
+            if not self.context.set_output_allocator(name, self._allocator):
+                raise BackendError(f"{self.plan}: cannot set the output allocator of tensor {name!r}")
         self._bind()
+
+    def _reallocate(self, name: str, nbytes: int) -> int:
+        """TensorRT asks, during execute_async_v3, for at least `nbytes` for output `name`: grow its
+        buffers (never shrink). The previous batch of this slot is finished (run() waits for it)."""
+        spec = next(t for t in self._outputs if t.name == name)
+        held = self._dynamic.get(name)
+        if held is None or held.host.nbytes < nbytes:
+            if held is not None:
+                self._dynamic[name] = None
+                held.free()
+            held = self._dynamic[name] = _Buffers.allocate(spec, max(int(nbytes), 1), self._rt, self._unified)
+        return held.device_ptr
 
     def _select(self, index: int) -> None:
         assert self.stream is not None
         if index != self.active:
+            # Queued on this slot's stream, ahead of the batch that needs it: stream order suffices, so no
+            # host wait (TensorRT's docs: syncing the profile stream with the enqueue stream is the caller's).
             if not self.context.set_optimization_profile_async(index, self.stream.handle):
                 raise BackendError(f"{self.plan}: cannot select optimisation profile {index}")
-            self.stream.synchronize()
             self.active = index
             if self._buffers:
                 self._bind()
 
     def _bind(self) -> None:
         for b in self._buffers:
-            if not self.context.set_tensor_address(b.spec.name, b.device.ptr):
+            if not self.context.set_tensor_address(b.spec.name, b.device_ptr):
                 raise BackendError(f"{self.plan}: cannot set the address of tensor {b.spec.name!r}")
-        self._input_ptr = self._buffers[0].device.ptr
+        self._input_ptr = self._buffers[0].device_ptr
 
     def _bind_input(self, ptr: int) -> None:
         """Point the input tensor at `ptr` (a device batch, or this slot's own buffer again)."""
@@ -168,10 +260,19 @@ class ExecutionSlot:
             raise BackendError(f"{self.plan}: input {self._input.name!r} refuses shape {list(shape)}")
 
     def _output_shape(self, out: IoSpec) -> Shape:
+        """The output's shape for the input shape set now; -1 dims: data-dependent (known only after
+        the batch ran, from the output allocator)."""
         shape: Shape = tuple(self.context.get_tensor_shape(out.name))  # type: ignore[arg-type]  # Dims
-        if any(d < 0 for d in shape):
-            raise BackendError(f"{self.plan}: output {out.name!r} has a data-dependent shape {list(shape)}")
         return shape
+
+    def _failed(self, what: str) -> BackendError:
+        """A BackendError for a failed TensorRT call, naming the errors this slot's recorder got."""
+        records: list[TrtErrorRecord] = self.recorder.drain() if self.recorder is not None else []
+        if not records:
+            return BackendError(f"{self.plan}: {what} failed (see the TensorRT log)")
+        side = "the device failed" if device_failure(records) else "TensorRT refused it"
+        listed = "; ".join(str(r) for r in records)
+        return BackendError(f"{self.plan}: {what} failed ({side}): {listed}")
 
     def admits(self, shape: Shape) -> bool:
         return any(_fits(shape, lo, hi) for _, lo, hi in self.profiles)
@@ -200,25 +301,47 @@ class ExecutionSlot:
                 self._bind_input(batch.ptr)
                 self.stream.wait(cast(Event, batch.ready))
             else:
-                self._bind_input(inp.device.ptr)
+                self._bind_input(inp.device_ptr)
                 host_in = inp.host.view(inp.spec.dtype, shape)
                 np.copyto(host_in, batch, casting="same_kind")
-                memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
+                if inp.device is not None:  # mapped memory (unified): the device reads it in place
+                    memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
+            if self._allocator is not None:
+                self._allocator.clear()
             start, end = self._events
             start.record(self.stream)
             if not self.context.execute_async_v3(self.stream.handle):
-                raise BackendError(f"{self.plan}: execute_async_v3 failed (see the TensorRT log)")
+                raise self._failed("execute_async_v3")
             end.record(self.stream)
             views = {}
             for b in outs:
                 view = b.host.view(b.spec.dtype, self._output_shape(b.spec))
-                memcpy_async(self._rt, b.host.ptr, b.device.ptr, view.nbytes, False, self.stream)
+                if b.device is not None:
+                    memcpy_async(self._rt, b.host.ptr, b.device.ptr, view.nbytes, False, self.stream)
                 views[b.spec.name] = view
             self.stream.synchronize()
             gpu_ms = end.ms_since(start)
+            views |= self._dynamic_outputs()
         except CudaError as exc:
             raise BackendError(f"{self.plan}: {exc}") from exc
         return {name: v.copy() for name, v in views.items()}, gpu_ms
+
+    def _dynamic_outputs(self) -> dict[str, np.ndarray]:
+        """The data-dependent outputs of the batch that just finished, shaped as TensorRT notified."""
+        if not self._dynamic:
+            return {}
+        assert self.stream is not None and self._allocator is not None
+        views: dict[str, np.ndarray] = {}
+        for name, held in self._dynamic.items():
+            shape = self._allocator.shapes.get(name)
+            if shape is None or held is None:
+                raise BackendError(f"{self.plan}: TensorRT gave no shape or memory for output {name!r}")
+            views[name] = view = held.host.view(held.spec.dtype, shape)
+            if held.device is not None and view.nbytes:
+                memcpy_async(self._rt, held.host.ptr, held.device.ptr, view.nbytes, False, self.stream)
+        if any(h is not None and h.device is not None for h in self._dynamic.values()):
+            self.stream.synchronize()
+        return views
 
     def close(self) -> None:
         """Free in reverse order of allocation; the context goes last (TensorRT frees it on release)."""
@@ -226,9 +349,12 @@ class ExecutionSlot:
             with contextlib.suppress(CudaError):
                 self.stream.synchronize()
         for b in reversed(self._buffers):
-            b.host.free()
-            b.device.free()
+            b.free()
         self._buffers = []
+        for name, held in list(self._dynamic.items()):
+            self._dynamic[name] = None
+            if held is not None:
+                held.free()
         for e in self._events:
             e.destroy()
         self._events = []
@@ -236,6 +362,10 @@ class ExecutionSlot:
             self.stream.destroy()
             self.stream = None
         self.context = None  # type: ignore[assignment]
+        # The activation block after the context that used it (no work is queued: the stream is done).
+        if self.activations is not None:
+            self.activations.free()
+            self.activations = None
 
 
 class SlotPool:
@@ -258,11 +388,17 @@ class SlotPool:
         plan: str,
         cudart: ModuleType | None = None,
         profiles_per_context: int | None = None,
+        api: RuntimeCalls | None = None,
+        unified: bool | None = None,
     ) -> SlotPool:
         """Up to `contexts` slots, each owning one profile set of the engine (slot_profiles): the builder
         repeated the set once per context it was built for, `profiles_per_context` profiles each (the
-        manifest's build.profiles_per_context; None for engines built before it: guessed)."""
+        manifest's build.profiles_per_context; None for engines built before it: guessed). `api`: the
+        TrtApi (own activation blocks, error recorders, output allocators: the module docstring);
+        `unified`: IO in mapped pinned memory (None: asked of CUDA, true on an integrated GPU)."""
         rt = cudart or import_cudart()
+        if unified is None:
+            unified = unified_memory(rt)
         total = engine.num_optimization_profiles
         if profiles_per_context is not None and (profiles_per_context < 1 or total % profiles_per_context):
             log.warning(
@@ -287,7 +423,7 @@ class SlotPool:
         slots: list[ExecutionSlot] = []
         try:
             for profiles in sets:
-                slots.append(ExecutionSlot(engine, io, profiles, plan, rt))
+                slots.append(ExecutionSlot(engine, io, profiles, plan, rt, api, unified))
         except BaseException:
             for s in reversed(slots):
                 s.close()

@@ -23,7 +23,7 @@ engine (tests/test_slots_gpu.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -34,15 +34,16 @@ from engines.runtimes.slots import IoSpec, SlotPool
 from engines.runtimes.trt_layers import engine_information
 from engines.store import EngineStore
 from engines.trt import IoTensor, TrtApi, import_trt
+from engines.trt.runtime import device_failure
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
     import tensorrt as trt
 
 log = logging.getLogger(__name__)
 
-# TensorRT's log when deserialisation fails for CUDA's sake, not the plan's: "Error Code 1: Cuda Runtime
-# (... cudaError 35: CUDA driver version is insufficient ...)" (TensorRT-RTX 1.7 without a driver,
-# measured), "Cuda Driver (...)", "OutOfMemory (...)", "out of memory".
+# Only for a TensorRT without IErrorRecorder (errors by code: engines.trt.runtime.device_failure): its
+# log when deserialisation fails for CUDA's sake, not the plan's: "Error Code 1: Cuda Runtime (...
+# cudaError 35: CUDA driver version is insufficient ...)", "Cuda Driver (...)", "OutOfMemory (...)".
 _CUDA_MARKS = ("cuda runtime", "cuda driver", "cudaerror", "outofmemory", "out of memory")
 
 
@@ -80,6 +81,7 @@ class TensorRTBackend(Backend):
         self._contexts = contexts
         self._pool: SlotPool | None = None
         self._io: list[IoTensor] = []
+        self._recorder: Any | None = None  # the runtime's IErrorRecorder (engine and contexts inherit it)
         # NVTX verbosity of the execution contexts ("layer_names_only" while serving), None where the
         # TensorRT has no such setting; the build's (manifest build.profiling_verbosity).
         self.nvtx_verbosity: str | None = None
@@ -123,10 +125,13 @@ class TensorRTBackend(Backend):
             )
         try:
             pool = SlotPool.create(
-                engine, specs, self._contexts, self.plan_path, profiles_per_context=per_context
+                engine, specs, self._contexts, self.plan_path, profiles_per_context=per_context, api=api
             )
         except EngineError as e:  # CUDA out of memory and friends, naming the call
-            raise BackendError(f"{api.flavor}: cannot set up execution for {self.plan_path}: {e}") from e
+            records = self._recorder.drain() if self._recorder is not None else []
+            said = "".join(f"; {r}" for r in records)  # e.g. FAILED_ALLOCATION creating a context
+            where = f"{api.flavor}: cannot set up execution for {self.plan_path}"
+            raise BackendError(f"{where}: {e}{said}") from e
         self._lower_nvtx(api, pool)
         self._built_verbosity = built.profiling_verbosity if built is not None else None
         # The runtime objects keep each other alive in this order (runtime -> engine -> slots).
@@ -138,15 +143,22 @@ class TensorRTBackend(Backend):
         """(runtime, engine); PlanRefusedError when TensorRT refuses the plan itself, BackendError when
         CUDA failed it (this device, not the plan: a rebuild would not help)."""
         logger = api.logger()
+        # Kept as long as the runtime: TensorRT holds a raw pointer to it.
+        self._recorder = recorder = api.error_recorder()
         # TrtApi wraps whichever module is installed (untyped); the TensorRT API is typed from here on.
         runtime, engine = cast(
-            "tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger, dla_core)
+            "tuple[trt.Runtime, trt.ICudaEngine | None]", api.deserialize(plan, logger, dla_core, recorder)
         )
         if engine is None:
-            reason = "; ".join(logger.errors) or "no reason given"
-            message = f"{api.flavor}: TensorRT refused {self.plan_path}: {reason}"
-            if _cuda_failure(logger.errors):
-                raise BackendError(message)
+            records = recorder.drain() if recorder is not None else []
+            errors = [r.desc for r in records] or list(logger.errors)
+            reason = "; ".join(errors) or "no reason given"
+            codes = ", ".join(sorted({r.code for r in records}))
+            message = f"{api.flavor}: TensorRT refused {self.plan_path}: {reason}" + (
+                f" [{codes}]" if codes else ""
+            )
+            if device_failure(records) if records else _cuda_failure(errors):
+                raise BackendError(message)  # this device (memory, CUDA), not the plan
             raise PlanRefusedError(message, self.plan_path, reason)
         return runtime, engine
 
@@ -180,6 +192,7 @@ class TensorRTBackend(Backend):
             self._pool.close()
         self._pool = None
         self._engine = self._runtime = None
+        self._recorder = None  # after the runtime that pointed at it
         self._io = []
 
     @property

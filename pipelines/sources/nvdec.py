@@ -42,6 +42,7 @@ import cv2
 import numpy as np
 
 from engines.cuda.buffers import CudaError, Event, Stream, cuda_call, import_cudart
+from engines.cuda.handles import handle_of
 from engines.errors import UnavailableError
 from pipelines.sources.bitstream import codec_name, colour_of, find_sps
 from pipelines.sources.capture import Capture, Unit
@@ -442,7 +443,7 @@ def _primary_context(device: int) -> int:
     cuda_call(drv, "cuInit", drv.cuInit(0))
     dev = cuda_call(drv, "cuDeviceGet", drv.cuDeviceGet(device))
     ctx = cuda_call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
-    return int(ctx)
+    return handle_of(ctx)  # int(ctx) is deprecated from cuda-bindings 12.9.1
 
 
 # ---- the stage ----------------------------------------------------------------------------------------
