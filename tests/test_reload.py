@@ -176,6 +176,93 @@ def test_sighup_moves_the_agent_to_new_mqtt_settings(
     assert statuses(old.snapshot())[-1]["state"] == "offline"
 
 
+def camera_states(msgs: list[Message], camera: str) -> list[dict]:
+    return [json.loads(p) for p in states(msgs, camera) if p]
+
+
+def reloaded(sub: Subscriber, agent: AgentProcess, path: Path, cfg: dict, what: str) -> int:
+    """Write `cfg` and SIGHUP; once the reload is applied, where its messages start in `sub`."""
+    path.write_text(yaml.safe_dump(cfg))
+    mark = len(sub.snapshot())
+    agent.proc.send_signal(signal.SIGHUP)
+    msgs = wait(
+        sub, lambda m: any("last_reload" in s for s in statuses(m[mark:])), 30, agent, f"reload of {what}"
+    )
+    outcome = [s for s in statuses(msgs[mark:]) if "last_reload" in s][-1]["last_reload"]
+    assert outcome["ok"] is True, outcome
+    return mark
+
+
+def changes_since(sub: Subscriber, mark: int) -> str:
+    return [s for s in statuses(sub.snapshot()[mark:]) if "last_reload" in s][-1]["last_reload"]["changes"]
+
+
+def test_sighup_changing_decoder_latency_and_decoder_restarts_the_camera_with_them(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[..., AgentProcess],
+) -> None:
+    """They were in no list of the planner: a SIGHUP said "no changes" and the old reader kept decoding."""
+    path = tmp_path / "agent.yaml"
+    cfg = base(tmp_path, mqtt_broker.port, {"cam": {}})  # decoder auto, decoder_latency low
+    path.write_text(yaml.safe_dump(cfg))
+    sub = mqtt_subscribe(mqtt_broker.port, "edge-agent/hup/#")
+    agent = start_agent(path)
+    msgs = wait(sub, lambda m: detections(m, "cam"), 40, agent, "detections")
+    first = camera_states(msgs, "cam")[-1]
+    # auto: NVDEC where the host has it, else the CPU with the reason in the state.
+    assert first["decoder"] == "nvdec" or first["decoder_reason"], first
+
+    def streaming_again(mark: int) -> list[dict]:
+        wait(
+            sub,
+            lambda m: any(s["state"] == "streaming" for s in camera_states(m[mark:], "cam")),
+            40,
+            agent,
+            "the camera streaming again",
+        )
+        return camera_states(sub.snapshot()[mark:], "cam")
+
+    cfg["cameras"]["cam"]["decoder_latency"] = "native"
+    mark = reloaded(sub, agent, path, cfg, "decoder_latency")
+    after = streaming_again(mark)
+    assert after[0]["state"] == "starting", after  # a new reader (a kept one would only stream on)
+    assert "cameras restarted: cam" in changes_since(sub, mark)
+
+    cfg["cameras"]["cam"]["decoder"] = "cpu"
+    mark = reloaded(sub, agent, path, cfg, "decoder")
+    now = [s for s in streaming_again(mark) if s["state"] == "streaming"][-1]
+    assert now["decoder"] == "cpu" and now["decoder_reason"] is None, now  # cpu as asked: no reason to give
+    assert "cameras restarted: cam" in changes_since(sub, mark)
+
+
+def test_sighup_changing_snapshot_settings_reaches_the_running_camera(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[..., AgentProcess],
+) -> None:
+    """`snapshot` was in no list of the planner: the running camera kept the old settings."""
+    path = tmp_path / "agent.yaml"
+    cfg = base(tmp_path, mqtt_broker.port, {"cam": {}})  # snapshot.on_detection false
+    path.write_text(yaml.safe_dump(cfg))
+    sub = mqtt_subscribe(mqtt_broker.port, "edge-agent/hup/#")
+    agent = start_agent(path)
+    wait(sub, lambda m: len(detections(m, "cam")) >= 3, 40, agent, "detections")
+    topic = "edge-agent/hup/cameras/cam/snapshot"
+    assert not [t for t, _, _ in sub.snapshot() if t == topic]
+
+    cfg["cameras"]["cam"]["snapshot"] = {"on_detection": True, "min_interval_s": 1.0, "quality": 50}
+    mark = reloaded(sub, agent, path, cfg, "snapshot")
+    msgs = wait(sub, lambda m: any(t == topic for t, _, _ in m[mark:]), 30, agent, "a snapshot on detection")
+    assert "camera live settings: cam" in changes_since(sub, mark)
+    jpeg = next(p for t, p, _ in msgs[mark:] if t == topic)
+    assert jpeg[:2] == b"\xff\xd8"
+    # The same reader streams on: no restart for a snapshot setting.
+    assert all(s["state"] != "starting" for s in camera_states(msgs[mark:], "cam"))
+
+
 def cfg_of(cameras: dict[str, dict], **top: object) -> object:
     data = {
         "models": {"m": {"onnx": "m.onnx"}, "n": {"onnx": "n.onnx"}},
