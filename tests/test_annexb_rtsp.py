@@ -29,18 +29,10 @@ from fixtures_rtsp import CLIP
 
 from pipelines.frames import Frame
 from pipelines.sources import CameraReader, FrameSlot, SourceSpec
-from pipelines.sources.bitstream import (
-    SpsInfo,
-    colour_of,
-    find_sps,
-    is_irap,
-    nal_types,
-    nal_units,
-    parse_sps,
-    unescape_rbsp,
-)
+from pipelines.sources.bitstream import find_sps, is_irap, nal_types, nal_units
 from pipelines.sources.capture import Capture, OpenError
 from pipelines.sources.spec import resolve
+from pipelines.sources.sps import SpsInfo, colour_of, parse_sps, unescape_rbsp
 from pipelines.urls import mask_url
 from tools.annexb_rtsp_server import access_units, fragment, split_nals
 from tools.h264_pcm import _EMULATION, _Bits, _nal, sps

@@ -13,7 +13,8 @@ Modules (one reader for every decoder; only the decode stage differs):
     teardown.py   a camera's teardowns (capture release, session end) on threads of their own
     stages.py     the decode-stage interface; PictureStage (OpenCV decodes: CPU FFmpeg, V4L2, GStreamer)
     nvdec.py      NvdecStage: packets -> NVDEC (PyNvVideoCodec) -> NV12 pictures in device memory
-    bitstream.py  H.264/H.265 helpers: codec names, NAL units, SPS parser (colour matrix and range)
+    bitstream.py  H.264/H.265 helpers: codec names, NAL units
+    sps.py        the SPS parser: picture size, profile, colour matrix and range
     pacing.py     the absolute schedule files play on, and the fps limit
     watch.py      the stall watch: one thread noticing a camera that delivers no picture in time
     slot.py       FrameSlot: the newest frame wins

@@ -44,8 +44,9 @@ import numpy as np
 from engines.cuda.buffers import CudaError, Event, Stream, cuda_call, import_cudart
 from engines.cuda.handles import handle_of
 from engines.errors import UnavailableError
-from pipelines.sources.bitstream import codec_name, colour_of, find_sps
+from pipelines.sources.bitstream import codec_name, find_sps
 from pipelines.sources.capture import Capture, Unit
+from pipelines.sources.sps import colour_of
 from pipelines.sources.stages import Closer, DecodeStats, Picture, SessionError, StageUnusable
 
 log = logging.getLogger(__name__)
