@@ -220,6 +220,7 @@ RUN_KEYS = {
     "run_ms_p50",
     "total_ms",
     "graph",
+    "timing",
     "layers",
     "op_types",
 }
@@ -498,7 +499,10 @@ class StandInBackend:
 
     def infer(self, batch: np.ndarray) -> None:
         self.executions += 1
-        self.profiler.report_layer_time("conv", 0.5 if self.executions > 1 else 50.0)  # warm-up is slow
+        if self.profiler is None:  # the timed run without the profiler (trtexec --separateProfileRun)
+            self.unprofiled = self.executions
+            return
+        self.profiler.report_layer_time("conv", 0.5 if self.executions > 6 else 50.0)  # warm-up is slow
         self.profiler.report_layer_time("head", 0.25)
 
     def layer_information(self) -> str:
@@ -518,7 +522,9 @@ def test_profile_engine_joins_profiler_times_with_the_inspector(rtx) -> None:
     }  # fmt: skip
     backend = StandInBackend(rtx, json.dumps(inspector))
     run = profile_engine(backend, np.zeros((1, 3, 8, 8), np.float32), 4)  # type: ignore[arg-type]
-    assert backend.executions == 5  # one warm-up, its times dropped
+    # Timed without the profiler first (1 warm-up + 4), then a separate profiled run (the same).
+    assert backend.unprofiled == 5 and backend.executions == 10
+    assert run.timing["method"] == "separate_profile_run"
     assert run.runtime == "tensorrt_rtx" and run.precision == "int8" and run.model == backend.plan_path
     conv, head = run.layers
     assert (conv.name, conv.op_type, conv.precision, conv.tactic, conv.source) == (

@@ -204,13 +204,21 @@ def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "-" if value is None else format(value, fmt) + suffix
 
 
+def _timed_how(run: dict[str, Any]) -> str:
+    """TensorRT is timed without its profiler, the layers in a separate profiled run (trtexec's
+    --separateProfileRun); ONNX Runtime's profiler runs in the timed runs."""
+    separate = run.get("timing", {}).get("method") == "separate_profile_run"
+    return ", without the profiler" if separate else ", profiler attached"
+
+
 def format_report(report: dict[str, Any], top: int) -> str:
     lines = []
     for run in report["runs"]:
         runtime = f"{run['runtime']} {run['graph'].get('runtime_version', '')}"
         lines.append(
             f"{report['model']}: {runtime} {run['precision']}, {run['iterations']} runs: "
-            f"{run['run_ms_p50']:.2f} ms per inference (p50), layers {run['total_ms']:.2f} ms"
+            f"{run['run_ms_p50']:.2f} ms per inference (p50{_timed_how(run)}), "
+            f"layers {run['total_ms']:.2f} ms"
         )
         lines.append(f"  {'#':>3}  {'node (source ONNX node)':<48} {'op':<18} {'p50 ms':>8} {'share':>6}")
         for i, layer in enumerate(run["layers"][:top], 1):

@@ -79,6 +79,9 @@ class ProfileRun:
     run_ms_p50: float | None  # whole inference (kernels + the runtime's own work between them)
     layers: list[LayerTiming]
     graph: dict[str, Any] = field(default_factory=dict)
+    # How run_ms_p50 was timed: "profiler_attached" (ONNX Runtime: its profiler runs in every timed run)
+    # or "separate_profile_run" (TensorRT: timed without the profiler, layers from a second, profiled run).
+    timing: dict[str, Any] = field(default_factory=lambda: {"method": "profiler_attached"})
 
     @property
     def total_ms(self) -> float:
@@ -110,6 +113,7 @@ class ProfileRun:
             "run_ms_p50": self.run_ms_p50,
             "total_ms": round(self.total_ms, 4),
             "graph": self.graph,
+            "timing": self.timing,
             "layers": [asdict(layer) for layer in self.layers],
             "op_types": self.op_types(),
         }
