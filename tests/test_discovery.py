@@ -930,3 +930,31 @@ def test_publish_detections_off_drops_the_entities_that_read_detections() -> Non
     assert any(t.endswith("/gate_person_detected/config") for t in gone)
     assert not removed_topics(old, old)
     assert {t for t in removed_topics(old, zones_cfg(zones={})) if "_zone_" in t}  # zones removed: deleted
+
+
+def test_a_zone_rule_brings_its_sensor_loitering() -> None:
+    """A zone with `loiter_s` gets the loitering rule's sensor (pipelines.rules: declared by the rule, not
+    listed here), reading `loitering.count` of the zone's retained state; other zones get none."""
+    porch = {"polygon": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]], "loiter_s": 0.5}
+    cfg = zones_cfg(zones={**zones_cfg().cameras["gate"].model_dump()["zones"], "porch": porch})
+    msgs = messages(cfg)
+    ids = {t.split("/")[-2] for t in msgs}
+    assert "gate_zone_porch_loitering" in ids and "gate_zone_drive_way_loitering" not in ids
+    topic = next(t for t in msgs if t.split("/")[-2] == "gate_zone_porch_loitering")
+    component = TOPIC_MATCHER.fullmatch(topic.removeprefix("homeassistant/"))
+    assert component is not None and component["component"] == "sensor"
+    loitering = msgs[topic]
+    assert check_home_assistant_config("sensor", loitering) == []
+    assert loitering["name"] == "gate porch loitering" and loitering["unit_of_measurement"] == "objects"
+    assert loitering["state_class"] == "measurement" and "expire_after" not in loitering
+    assert loitering["state_topic"] == Topics("edge-agent", "yard-01").zone("gate", "porch")
+    # A person stands in the porch for a second (past loiter_s), a car drives through.
+    retained = zone_and_line_states(cfg, "gate", [[(20 + 4 * i, 2), (30, 0)] for i in range(25)])
+    assert render(loitering["value_template"], retained[loitering["state_topic"]]) == "1"
+    before = zone_and_line_states(cfg, "gate", [[(30, 0)]] * 5)
+    assert render(loitering["value_template"], before[loitering["state_topic"]]) == "0"
+    for foreign in (b"", b"not json", b"{}", b'{"loitering": 3}', b'{"loitering": {"count": "x"}}'):
+        assert render(loitering["value_template"], foreign, LENIENT) == PAYLOAD_NONE
+    # loiter_s removed by a reload: the sensor's config is deleted.
+    gone = removed_topics(cfg, zones_cfg())
+    assert gone == [topic]

@@ -165,3 +165,60 @@ def test_events_zones_lines_reload_and_stop(
     new_ids = {e["track_id"] for e in all_events if e["type"] == "new"}
     end_ids = [e["track_id"] for e in all_events if e["type"] == "end"]
     assert sorted(end_ids) == sorted(new_ids)  # exactly one end per object, none without a new
+
+
+def test_zone_loitering_on_the_real_agent(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[..., AgentProcess],
+) -> None:
+    """`loiter_s` on a zone: `zone_loiter` events (at most one per stay), the zone's retained `loitering`
+    counts and its Home Assistant sensor, from the agent on the bundled clip."""
+    port = mqtt_broker.port
+    right = {"polygon": [[0.5, 0], [1, 0], [1, 1], [0.5, 1]], "loiter_s": 0.5}
+    plain = {"polygon": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]}
+    config = write(tmp_path / "agent.yaml", port, {"right": right, "left": plain}, {})
+    sub = mqtt_subscribe(port, f"{BASE}/#")
+    agent = start_agent(config)
+    msgs = wait(
+        sub,
+        lambda m: any(e["type"] == "zone_loiter" for e in events(m)),
+        60,
+        agent,
+        "a zone_loiter event",
+    )
+    loiter = next(e for e in events(msgs) if e["type"] == "zone_loiter")
+    enter = next(
+        e
+        for e in events(msgs)
+        if e["type"] == "zone_enter" and e["track_id"] == loiter["track_id"] and e["zone"] == "right"
+    )
+    assert loiter["schema"] == "edge-agent/event/1" and loiter["zone"] == "right"
+    assert loiter["dwell_s"] >= 0.5 and loiter["ts"] - enter["ts"] == pytest.approx(
+        loiter["dwell_s"], abs=0.01
+    )
+    assert loiter["count"] >= 1 and loiter["loitering"]["count"] >= 1 and loiter["loitering"]["total"] >= 1
+    states = retained_now(port, f"{BASE}/cameras/street/zones/+")
+    assert "loitering" in states[f"{BASE}/cameras/street/zones/right"]
+    assert "loitering" not in states[f"{BASE}/cameras/street/zones/left"]  # no loiter_s: as before
+    discovery = retained_now(port, "homeassistant/#")
+    assert any(t.endswith("street_zone_right_loitering/config") for t in discovery)
+    assert not any(t.endswith("street_zone_left_loitering/config") for t in discovery)
+
+    rc, _ = agent.terminate(timeout=10)
+    assert rc == 0, agent.text()[-3000:]
+    msgs = wait(
+        sub, lambda m: any(s["state"] == "offline" for s in decoded(m, "/status")), 10, agent, "offline"
+    )
+    all_events = events(msgs)
+    for tid in {e["track_id"] for e in all_events if e["type"] == "zone_loiter"}:
+        # Once per stay: each zone_loiter between the track's enter and its leave, none twice in a stay.
+        kinds = [e["type"] for e in all_events if e["track_id"] == tid and e.get("zone") == "right"]
+        stays = " ".join(kinds).split("zone_leave")
+        assert all(s.count("zone_loiter") <= 1 for s in stays) and kinds.count("zone_leave") == kinds.count(
+            "zone_enter"
+        ), kinds
+    totals = sum(1 for e in all_events if e["type"] == "zone_loiter")
+    final = retained_now(port, f"{BASE}/cameras/street/zones/right")[f"{BASE}/cameras/street/zones/right"]
+    assert final["loitering"] == {"count": 0, "total": totals} and final["count"] == 0

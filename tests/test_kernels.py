@@ -25,12 +25,20 @@ from pipelines.zones import Zones
 
 SIZE = (1280, 720)
 ZONES = (
-    RegionSpec("zone", "left", ((0.0, 0.5), (0.5, 0.5), (0.5, 1.0), (0.0, 1.0))),
+    # Loitering (a zone rule: numpy on both paths, on the table the kernel updates) on two of the zones.
+    RegionSpec("zone", "left", ((0.0, 0.5), (0.5, 0.5), (0.5, 1.0), (0.0, 1.0)), params=(("loiter_s", 0.3),)),
     RegionSpec("zone", "right", ((0.5, 0.5), (1.0, 0.5), (1.0, 1.0), (0.5, 1.0)), labels=(0, 2), inertia=3),
     RegionSpec(
         "zone", "pent", ((0.1, 0.1), (0.4, 0.05), (0.45, 0.4), (0.2, 0.45), (0.05, 0.3)), anchor="center"
     ),
-    RegionSpec("zone", "quad", ((0.6, 0.0), (0.9, 0.1), (0.95, 0.45), (0.55, 0.3)), labels=(1,), inertia=1),
+    RegionSpec(
+        "zone",
+        "quad",
+        ((0.6, 0.0), (0.9, 0.1), (0.95, 0.45), (0.55, 0.3)),
+        labels=(1,),
+        inertia=1,
+        params=(("loiter_s", 0.1),),
+    ),
 )
 LINES = (
     RegionSpec("line", "v", ((0.5, 0.0), (0.5, 1.0))),
@@ -69,6 +77,8 @@ def _compare(fa: CameraAnalytics, ra: CameraAnalytics, x: Analysis, y: Analysis,
         _same(x.step.ended.table, y.step.ended.table, f"{where}: ended.table")
     _same(fa.tracker.table, ra.tracker.table, f"{where}: tracker table")
     assert fa.tracker.next_id == ra.tracker.next_id, where
+    for j in range(len(fa.zones)):  # the zone rules' counts (loitering)
+        assert fa.zones.state_fields(j) == ra.zones.state_fields(j), (where, j)
     for what, fast, ref in (("zones", fa.zones, ra.zones), ("lines", fa.lines, ra.lines)):
         assert list(fast.state) == list(ref.state), where
         for name in fast.state:  # every column of the state table, the rules' too
@@ -84,7 +94,11 @@ def _run(fa: CameraAnalytics, ra: CameraAnalytics, frames: list[tuple[Detections
         y = ra.process(dets, t, 1e9 + t, i, SIZE)
         _compare(fa, ra, x, y, f"{tag} frame {i}")
         seen += len(x.transitions)
+        KINDS.update(tr.kind for tr in x.transitions)
     return seen
+
+
+KINDS: set[str] = set()  # the transitions' types seen by every comparison so far
 
 
 def _three_classes(kind: str, seed: int, opts: SceneOptions | None = None) -> list[tuple[Detections, float]]:
@@ -145,11 +159,13 @@ def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch, caplog: pyte
 def test_scenes_give_the_same_results(kind: str, params: TrackerParams) -> None:
     fast, ref = _pair(AnalyticsSettings(params, max(0.4, params.low_score), 2.0, ZONES, LINES))
     seen = 0
+    KINDS.clear()
     for seed in range(2):
         seen += _run(fast, ref, _three_classes(kind, seed), f"{kind} seed {seed}")
         fast.reset("reconnect", 0.0)
         ref.reset("reconnect", 0.0)
     assert seen > 0  # zones were entered and left, lines crossed: the comparison saw events
+    assert {"zone_enter", "zone_leave", "line_cross", "zone_loiter"} <= KINDS
 
 
 def test_a_gap_and_a_reconfiguration_give_the_same_results() -> None:
