@@ -9,12 +9,9 @@ Why OpenCV demuxes: PyNvVideoCodec's own RTSP demuxer has no timeouts and no tra
 packets with SPS/PPS before each IDR and keeps the reader's open/read timeouts. So an NVDEC camera is the
 same reader as every other camera (states, backoff, `last_error`, stall watch, file loops) with this stage.
 
-Each decoded picture is copied (device to device, on the decoder's own stream) into memory the frame owns:
-NVDEC recycles its output surfaces after a few more packets, and a frame may wait in the slot or in the
-scheduler longer than that. The copy is NV12 (luma, then interleaved chroma at `uv_offset`), about 3 MB at
-1080p and a few microseconds. The frame carries an event recorded after the copy; consumers make their
-stream wait on it (no host synchronisation). The memory comes from a small per-session pool and goes back
-to it when the frame is garbage; the stream outlives every frame that references it.
+Each decoded picture is copied (device to device, on the decoder's own stream) into memory the frame owns
+(device_nv12.py: why, and the pool it comes from). The copy is NV12 (luma, then interleaved chroma at
+`uv_offset`), about 3 MB at 1080p and a few microseconds.
 
 Sessions outlive connections: a camera that reconnects to the same stream (codec and size) keeps its
 session (at low latency nothing is held inside it) and restarts decoding at the next key frame, so a
@@ -23,269 +20,49 @@ few seconds. A session ends when the stream changes, the reader ends, or at nati
 back belong to the old connection); its teardown runs off the frame path (the reader's closer thread).
 
 `auto` falls back to CPU decoding when NVDEC cannot take the stream (no GPU, no driver libnvcuvid, no
-PyNvVideoCodec, a codec/size/chroma format the decoder caps refuse): :class:`StageUnusable` with the reason.
+PyNvVideoCodec, a codec/size/chroma format the decoder caps refuse: nvdec_host.py): :class:`StageUnusable`
+with the reason.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import ctypes
 import importlib
 import logging
 import threading
 import time
-from types import ModuleType
 from typing import Any
 
-import cv2
 import numpy as np
 
-from engines.cuda.buffers import CudaError, Event, Stream, cuda_call, import_cudart
+from engines.cuda.buffers import cuda_call, import_cudart
 from engines.cuda.handles import handle_of
-from engines.errors import UnavailableError
 from pipelines.sources.bitstream import codec_name, find_sps
 from pipelines.sources.capture import Capture, Unit
+from pipelines.sources.device_nv12 import DeviceNv12, StreamHolder
+from pipelines.sources.nvdec_host import (
+    NVDEC_CODECS,
+    PIXEL_FORMATS,
+    device_memory_short,
+    import_nvc,
+    nvdec_unavailable,
+    stream_unsupported,
+)
 from pipelines.sources.sps import colour_of
 from pipelines.sources.stages import Closer, DecodeStats, Picture, SessionError, StageUnusable
 
+# What other modules and tests take from here: the stage, the decoder, its pictures, the host checks.
+__all__ = [
+    "NVDEC_CODECS",
+    "DeviceNv12",
+    "NvdecDecoder",
+    "NvdecStage",
+    "import_nvc",
+    "nvdec_unavailable",
+    "stream_unsupported",
+]
+
 log = logging.getLogger(__name__)
-
-INSTALL_HINT = "pip install 'edge-agent[nvdec]'"
-# codec_name() -> PyNvVideoCodec's codec names.
-NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
-# FFmpeg pixel formats as OpenCV reports them (CAP_PROP_CODEC_PIXEL_FORMAT fourcc) -> (chroma, bit depth).
-_PIXEL_FORMATS = {
-    "I420": ("420", 8),
-    "J420": ("420", 8),
-    "NV12": ("420", 8),
-    "YV12": ("420", 8),
-    "Y42B": ("422", 8),
-    "422P": ("422", 8),
-    "444P": ("444", 8),
-    "Y444": ("444", 8),
-}
-
-
-# ---- what this host can do ----------------------------------------------------------------------------
-_host_lock = threading.Lock()
-_host_reason: list[str | None] = []  # memo: [] unknown, [None] usable, [reason]
-
-
-def import_nvc() -> ModuleType:
-    """PyNvVideoCodec, imported only when a camera decodes with NVDEC (an optional extra)."""
-    try:
-        return importlib.import_module("PyNvVideoCodec")
-    except ImportError as exc:
-        raise StageUnusable(f"PyNvVideoCodec is not installed ({INSTALL_HINT}): {exc}") from None
-    except Exception as exc:  # its import probes the driver and can fail in other ways
-        raise StageUnusable(f"PyNvVideoCodec failed to load: {type(exc).__name__}: {exc}") from None
-
-
-def nvdec_unavailable() -> str | None:
-    """None when NVDEC is usable on this host, else why not (checked once per process)."""
-    with _host_lock:
-        if not _host_reason:
-            _host_reason.append(_probe_host())
-        return _host_reason[0]
-
-
-def _probe_host() -> str | None:
-    try:
-        ctypes.CDLL("libnvcuvid.so.1")  # the driver's decode library; PyNvVideoCodec needs it at decode
-    except OSError:
-        return "the NVIDIA driver's libnvcuvid.so.1 is not installed (no GPU, or the driver lacks video)"
-    try:
-        rt = import_cudart()
-        count = cuda_call(rt, "cudaGetDeviceCount", rt.cudaGetDeviceCount())
-    except (UnavailableError, CudaError) as exc:
-        return f"no CUDA device: {exc}"
-    if not count:
-        return "no CUDA device"
-    try:
-        import_nvc()
-    except StageUnusable as exc:
-        return str(exc)
-    return None
-
-
-# Below about this much free device memory PyNvVideoCodec 2.2.4 crashed the process in its first NVDEC call
-# (GetDecoderCaps, segmentation fault; H100, fresh process: crashed at 520 MiB free, worked at 776 MiB).
-NVDEC_HEADROOM_MIB = 768
-
-
-def device_memory_short(width: int, height: int, device: int = 0) -> str | None:
-    """A reason when the device lacks the memory for one more NVDEC session of this size, else None.
-
-    Checked before the caps query and the session, because a crash there would take every camera down. The
-    session: up to 20 decode surfaces (the H.264/H.265 picture buffer, 16, plus 4) of NV12 at the coded size
-    and the picture pool (4 more), plus 32 MiB (measured: 128 MiB for 1080p); then NVDEC_HEADROOM_MIB."""
-    coded = ((width + 15) // 16 * 16) * ((height + 15) // 16 * 16) * 3 // 2
-    need = 24 * coded + ((32 + NVDEC_HEADROOM_MIB) << 20)
-    rt = import_cudart()
-    cuda_call(rt, "cudaSetDevice", rt.cudaSetDevice(device))
-    free, _total = cuda_call(rt, "cudaMemGetInfo", rt.cudaMemGetInfo())
-    if int(free) < need:
-        return f"out of device memory: {int(free) >> 20} MiB free on GPU {device}, {need >> 20} MiB needed"
-    return None
-
-
-_caps_lock = threading.Lock()
-_caps: dict[tuple[int, str, str, int], dict[str, Any]] = {}  # (device, codec, chroma, depth) -> caps
-
-
-def stream_unsupported(
-    nvc: Any, codec: str, width: int, height: int, chroma: str, bit_depth: int, device: int = 0
-) -> str | None:
-    """None when NVDEC's caps accept this stream, else a reason naming codec, size and format.
-
-    The caps of a (device, codec, chroma, depth) are queried once per process: they do not change, and a
-    reconnecting camera must not make a driver call each time."""
-    name = NVDEC_CODECS.get(codec_name(codec))
-    what = f"{codec} {width}x{height} {chroma} {bit_depth}-bit"
-    if name is None:
-        return f"NVDEC path takes H.264 and H.265, not {codec or 'an unknown codec'} ({what})"
-    key = (device, name, chroma, bit_depth)
-    with _caps_lock:
-        caps = _caps.get(key)
-    if caps is None:
-        try:
-            caps = nvc.GetDecoderCaps(
-                gpuid=device,
-                codec=getattr(nvc.cudaVideoCodec, name),
-                chromaformat=nvc.cudaVideoChromaFormat.__members__[chroma],
-                bitdepth=bit_depth,
-            )
-        except Exception as exc:
-            return f"NVDEC caps query failed for {what}: {type(exc).__name__}: {exc}"
-        with _caps_lock:
-            _caps[key] = caps
-    if not caps.get("supported"):
-        return f"this GPU's NVDEC does not decode {what}"
-    if not (
-        caps["width_min"] <= width <= caps["width_max"] and caps["height_min"] <= height <= caps["height_max"]
-    ):
-        return (
-            f"this GPU's NVDEC decodes {name} from {caps['width_min']}x{caps['height_min']} to "
-            f"{caps['width_max']}x{caps['height_max']}, not {width}x{height}"
-        )
-    return None
-
-
-# ---- a decoded frame on the device ------------------------------------------------------------------
-class _StreamHolder:
-    """Owns the decoder's CUDA stream and a small pool of picture buffers; every frame references it, so
-    the stream is destroyed after the last frame.
-
-    Buffers (with their events) go back to the pool when a frame is garbage and are reused for the next
-    pictures of the same size: a picture then costs two CUDA calls (copy, record) instead of six
-    (measured: 16 streams decoded 15 % slower than PyNvVideoCodec's own loop with an allocation and an
-    event per picture). A dropped frame is never read again and a consumed one is dropped only after
-    the batch that read it finished on the GPU, so a buffer is free when its frame is.
-    """
-
-    KEEP = 8  # idle buffers kept per holder (about 25 MB at 1080p)
-
-    def __init__(self, cudart: ModuleType) -> None:
-        self.rt = cudart
-        self.stream = Stream(cudart)
-        self._lock = threading.Lock()
-        self._free: list[tuple[int, int, Event]] = []  # (nbytes, ptr, event)
-        self.closed = False
-
-    def take(self, nbytes: int) -> tuple[int, Event]:
-        with self._lock:
-            for i, (size, ptr, event) in enumerate(self._free):
-                if size == nbytes:
-                    del self._free[i]
-                    return ptr, event
-        rt = self.rt
-        ptr = int(cuda_call(rt, f"cudaMallocAsync({nbytes})", rt.cudaMallocAsync(nbytes, self.stream.raw)))
-        return ptr, Event(rt, timing=False)
-
-    def give(self, nbytes: int, ptr: int, event: Event) -> None:
-        with self._lock:
-            if not self.closed and len(self._free) < self.KEEP:
-                self._free.append((nbytes, ptr, event))
-                return
-        self._release(ptr, event)
-
-    def _release(self, ptr: int, event: Event) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free
-            self.rt.cudaFreeAsync(ptr, self.stream.raw)
-            event.destroy()
-
-    def close(self) -> None:
-        """Free the idle buffers (frames still alive free theirs when they go)."""
-        with self._lock:
-            self.closed = True
-            idle, self._free = self._free, []
-        for _, ptr, event in idle:
-            self._release(ptr, event)
-
-    def __del__(self) -> None:
-        self.close()
-        with contextlib.suppress(Exception):
-            self.stream.destroy()
-
-
-class DeviceNv12:
-    """One NV12 picture in device memory owned by its frame (`Frame.image` for NVDEC cameras).
-
-    `shape` is (h, w, 3) like a decoded BGR image, so code that only needs the size works unchanged;
-    `download()` gives the BGR host image for snapshots, calibration and the accuracy gate.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "_holder",
-        "event",
-        "full_range",
-        "height",
-        "matrix",
-        "pitch",
-        "ptr",
-        "uv_offset",
-        "width",
-    )
-
-    def __init__(self, holder: _StreamHolder, width: int, height: int, matrix: str, full_range: bool) -> None:
-        self._holder = holder
-        self.width, self.height, self.pitch = width, height, width
-        self.uv_offset = width * height
-        self.matrix, self.full_range = matrix, full_range
-        self.ptr, self.event = holder.take(width * height * 3 // 2)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.height, self.width, 3)
-
-    @property
-    def stream(self) -> int:
-        """Handle of the stream that wrote the picture (wait on `event` rather than on this)."""
-        return self._holder.stream.handle
-
-    @property
-    def uv_ptr(self) -> int:
-        return self.ptr + self.uv_offset
-
-    def download(self) -> np.ndarray:
-        """BGR uint8 host copy (waits for the decode; OpenCV's NV12 conversion, BT.601 limited range)."""
-        rt = self._holder.rt
-        host = np.empty((self.height * 3 // 2, self.width), np.uint8)
-        self.event.synchronize()
-        cuda_call(
-            rt,
-            "cudaMemcpy(device -> host)",
-            rt.cudaMemcpy(host.ctypes.data, self.ptr, host.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost),
-        )
-        return cv2.cvtColor(host, cv2.COLOR_YUV2BGR_NV12)
-
-    def __del__(self) -> None:
-        if self.ptr:
-            ptr, self.ptr = self.ptr, 0
-            with contextlib.suppress(Exception):
-                self._holder.give(self.width * self.height * 3 // 2, ptr, self.event)
 
 
 # ---- the decoder --------------------------------------------------------------------------------------
@@ -306,7 +83,7 @@ class NvdecDecoder:
         self.latency = latency  # DisplayDecodeLatencyType member; cameras use LOW (benchmarks compare NATIVE)
         self._rt = import_cudart()
         cuda_call(self._rt, "cudaSetDevice", self._rt.cudaSetDevice(device))
-        self._holder = _StreamHolder(self._rt)
+        self._holder = StreamHolder(self._rt)
         self.codec, self.device = codec, device
         self.matrix, self.full_range = matrix, full_range
         self.stats = DecodeStats()
@@ -479,7 +256,7 @@ class NvdecStage:
         why = self._host_unusable()
         if why is not None:
             raise StageUnusable(why)
-        chroma, depth = _PIXEL_FORMATS.get(info.pixel_format, ("420", 8))
+        chroma, depth = PIXEL_FORMATS.get(info.pixel_format, ("420", 8))
         key = (info.codec, info.width, info.height, chroma, depth)
         self._arrivals.clear()  # stamps of the old connection's packets mean nothing now
         if self._session is not None and key == self._stream_key:
