@@ -20,7 +20,7 @@ import pytest
 from pipelines.models.nanodet import NanoDetAdapter
 from pipelines.models.yolov8 import YoloV8Adapter
 from pipelines.preprocess import Normalisation, letterbox_normalise, place
-from pipelines.preprocess_gpu import letterbox_reference, resize_reference
+from pipelines.preprocess_reference import letterbox_reference, resize_reference
 
 ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -259,7 +259,7 @@ def _nv12(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("hw", NV12_SIZES)
 def test_nv12_reference_is_opencvs_conversion(hw: tuple[int, int]) -> None:
-    from pipelines.preprocess_gpu import nv12_to_bgr_reference
+    from pipelines.preprocess_reference import nv12_to_bgr_reference
 
     h, w = hw
     rng = np.random.default_rng(h)
@@ -276,7 +276,7 @@ def test_nv12_reference_is_opencvs_conversion(hw: tuple[int, int]) -> None:
 def test_nv12_reference_matches_the_textbook_formula(matrix: str, full_range: bool) -> None:
     """Within one level of the float64 formula (fixed point rounds; OpenCV's BT.601 constants differ from
     the textbook ones in the fourth digit, which is also inside one level)."""
-    from pipelines.preprocess_gpu import _KR_KB, nv12_to_bgr_reference
+    from pipelines.preprocess_reference import _KR_KB, nv12_to_bgr_reference
 
     rng = np.random.default_rng(1)
     h, w = 64, 96
@@ -332,7 +332,7 @@ class fake_nv12_picture:
 @pytest.mark.parametrize("hw", NV12_SIZES)
 @pytest.mark.parametrize("colour", [("bt601", False), ("bt709", False), ("bt709", True), ("bt2020", False)])
 def test_nv12_kernel_is_the_reference_bit_for_bit(gpu, hw: tuple[int, int], colour: tuple[str, bool]) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.preprocess_gpu import nv12_letterbox_reference
+    from pipelines.preprocess_reference import nv12_letterbox_reference
 
     norm = NORMS["nanodet"]
     y, uv = _nv12(*hw)
@@ -348,7 +348,7 @@ def test_nv12_kernel_is_the_reference_bit_for_bit(gpu, hw: tuple[int, int], colo
 
 @pytest.mark.gpu
 def test_mixed_batch_of_bgr_and_nv12(gpu) -> None:  # type: ignore[no-untyped-def]
-    from pipelines.preprocess_gpu import nv12_letterbox_reference
+    from pipelines.preprocess_reference import nv12_letterbox_reference
 
     norm = NORMS["yolov8"]
     y, uv = _nv12(272, 640)
