@@ -40,7 +40,7 @@ def test_a_key_without_a_class_is_found() -> None:
 
 
 def test_nested_keys_inherit_the_class_of_the_key_that_holds_them_unless_they_declare_their_own() -> None:
-    found = dict((k, i) for k, i, _ in keys(AgentConfig))
+    found = {k.path: k.impact for k in keys(AgentConfig)}
     assert found["cameras.*.zones.*.inertia"] is Impact.ANALYTICS  # a new zone key needs no declaration
     assert found["models.*.engine.workspace_mb"] is Impact.MODEL
     assert found["pipeline.restart.min_s"] is Impact.AGENT
@@ -50,11 +50,11 @@ def test_nested_keys_inherit_the_class_of_the_key_that_holds_them_unless_they_de
 
 
 def test_every_declared_class_is_one_the_planner_applies_where_the_key_is() -> None:
-    for key, impact, _ in keys(AgentConfig):
-        if impact is None:
+    for key in keys(AgentConfig):
+        if key.impact is None:
             continue
-        where = key.split(".")[0] if key.split(".")[0] in ("models", "cameras") else "agent"
-        assert impact in APPLIED[where], (key, impact)
+        top = key.path.split(".")[0]
+        assert key.impact in APPLIED[top if top in ("models", "cameras") else "agent"], key
 
 
 def cfg(cam: dict | None = None, **top: object) -> AgentConfig:

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -86,51 +86,41 @@ def _is_section(ann: Any) -> bool:
     return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
-def keys(
-    model: type[BaseModel], prefix: str = "", inherited: Impact | None = None
-) -> Iterator[tuple[str, Impact | None, bool]]:
-    """Every key of `model`, nested sections walked (`*` for a dict's names): (key, class, declared here)."""
+class Key(NamedTuple):
+    path: str  # `cameras.*.zones.*.polygon`: `*` for a dict's (or list's) entries
+    impact: Impact | None  # declared here or inherited; None: neither
+    own: bool  # declared by this field
+    field: FieldInfo
+
+
+def keys(model: type[BaseModel], prefix: str = "", inherited: Impact | None = None) -> Iterator[Key]:
+    """Every key of `model`, nested sections walked, with its class."""
     for name, info in model.model_fields.items():
-        key = prefix + name
+        path = prefix + name
         own = declared(info)
         impact = own if own is not None else inherited
-        yield key, impact, own is not None
+        yield Key(path, impact, own is not None, info)
         for section in _models_in(info.annotation):
-            yield from keys(section, f"{key}.{_entries(info.annotation)}", impact)
+            yield from keys(section, f"{path}.{_entries(info.annotation)}", impact)
 
 
 def undeclared(model: type[BaseModel], members: tuple[str, ...] = ()) -> list[str]:
     """Keys without a class. A field may leave it to its fields only where it holds one section (a key
     of a dict of sections, or of an optional one, comes and goes: that change needs a class), or where the
     planner handles its entries (`members`: the top level's cameras)."""
-    missing = []
-    for key, impact, _ in keys(model):
-        if impact is not None or key in members:
-            continue
-        info = _field_at(model, key)
-        if info is None or not _is_section(info.annotation):
-            missing.append(key)
-    return missing
-
-
-def _field_at(model: type[BaseModel], key: str) -> FieldInfo | None:
-    parts = [p for p in key.split(".") if p != "*"]
-    info = None
-    for part in parts:
-        info = model.model_fields.get(part)
-        if info is None:
-            return None
-        sections = _models_in(info.annotation)
-        model = sections[0] if sections else model
-    return info
+    return [
+        k.path
+        for k in keys(model)
+        if k.impact is None and k.path not in members and not _is_section(k.field.annotation)
+    ]
 
 
 def impact_table(model: type[BaseModel]) -> str:
     """README's table: the keys that declare a class, by class (nested keys that inherit are not listed)."""
     by_class: dict[Impact, list[str]] = {}
-    for key, impact, own in keys(model):
-        if own and impact is not None:
-            by_class.setdefault(impact, []).append(key)
+    for key in keys(model):
+        if key.own and key.impact is not None:
+            by_class.setdefault(key.impact, []).append(key.path)
     lines = ["| a change of | takes effect |", "|---|---|"]
     for impact in Impact:
         names = ", ".join(f"`{_shown(k)}`" for k in by_class.get(impact, []))
