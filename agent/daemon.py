@@ -51,6 +51,7 @@ class Agent(DeviceOwner):
         config_path: str | Path | None = None,
         notifier: Notifier | None = None,
         shard: ShardLink | None = None,
+        first_id: int = 1,
     ) -> None:
         self.cfg = cfg
         # A pipeline shard (agent.shards): this process runs its cameras' pipelines and publishes their
@@ -71,7 +72,8 @@ class Agent(DeviceOwner):
         self.metrics = Metrics()
         self.mqtt: MqttClient | None = None
         self._quiet_mqtt = quiet_mqtt
-        self.pipeline = Pipeline(self._on_camera_state, EventOut(self))
+        events_out = EventOut(self, mirror=None if shard is None else shard.mirror)
+        self.pipeline = Pipeline(self._on_camera_state, events_out, first_id=first_id)
         self.sinks = ResultSinks(
             self, self.pipeline.cameras, self.pipeline.labels, cfg.console if console is None else console
         )
@@ -193,15 +195,16 @@ class Agent(DeviceOwner):
             # A reconnect (or a file that ended) ends every track: the next picture may show anything.
             cam.events.reset("reconnect" if state == "reconnecting" else state)
         self._publish_camera_state(cam)  # the reader logged the change
-        if self.shard is not None:
-            self.shard.camera_state(camera, state, reason)
         if changed:
             self._publish_status()
 
     def _publish_camera_state(self, cam: CameraRuntime) -> None:
+        state = reports.camera_state(cam)
+        if self.shard is not None:  # the supervisor republishes it if this process dies
+            self.shard.camera_state(cam.name, state)
         if self.mqtt is None:
             return
-        body = payload("camera-state", **reports.camera_state_fields(cam))
+        body = reports.camera_state_payload(state)
         self.mqtt.publish(self.topics.camera_state(cam.name), body, qos=1, retain=True, kind="state")
 
     def _clear_camera_state(self, camera: str) -> None:

@@ -19,6 +19,7 @@ from agent.lifecycle.serving import OrtOnly
 from agent.shards import engines as shard_engines
 from agent.shards.engines import gpu_models
 from agent.shards.placement import place
+from agent.shards.protocol import RebuildAsked
 from agent.shards.sharded import ShardedAgent
 from engines.buildproc import Result
 from engines.cuda.gpu_probe import GpuInfo
@@ -79,8 +80,8 @@ def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
     for label, mgr in agent.managers.items():
         monkeypatch.setattr(mgr, "rebuild", lambda m, label=label, **kw: asked.append((label, m)) or True)
         monkeypatch.setattr(type(mgr), "models", property(lambda self: ["m"]))
-    agent.shard_message(1, ("rebuild", "m", True, None, ["plan refused"]))
-    agent.shard_message(2, ("rebuild", "m", False, None, None))
+    agent.shard_message(1, RebuildAsked("m", True, None, ["plan refused"]))
+    agent.shard_message(2, RebuildAsked("m", False, None, None))
     assert asked == [("NVIDIA A2, sm 8.6", "m"), ("NVIDIA L4, sm 8.9", "m")]
 
 

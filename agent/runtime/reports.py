@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from agent.lifecycle.manager import EngineManager
+from agent.mqtt.topics import payload
 from agent.runtime.cameras import CameraRuntime
 from agent.runtime.wiring import Pipeline
 from agent.service.supervisor import ModelProgress, Progress
@@ -17,18 +19,38 @@ from agent.telemetry import StageWindow, build_telemetry, process_stats
 from pipelines.scheduler import ModelWorker
 
 
-def camera_state_fields(cam: CameraRuntime) -> dict[str, Any]:
-    """The fields of a camera's retained `camera-state` payload."""
-    return {
-        "state": cam.state,
-        "fps_in": round(cam.fps_in.rate(), 2),
-        "fps_out": round(cam.fps_out.rate(), 2),
-        "reconnects": cam.reader.reconnects,
-        "loops": cam.reader.loops,  # a looping file's passes (a loop is not a reconnect)
-        "last_error": cam.reader.last_error,
-        "decoder": cam.reader.decoder,
-        "decoder_reason": cam.reader.decoder_reason,
-    }
+@dataclass(frozen=True)
+class CameraState:
+    """The fields of a camera's retained `camera-state` payload (in payload order)."""
+
+    state: str
+    fps_in: float = 0.0
+    fps_out: float = 0.0
+    reconnects: int = 0
+    loops: int = 0  # a looping file's passes (a loop is not a reconnect)
+    last_error: str | None = None
+    decoder: str | None = None
+    decoder_reason: str | None = None
+
+
+def camera_state(cam: CameraRuntime) -> CameraState:
+    """A running camera's state as its reader and counters say now."""
+    return CameraState(
+        state=cam.state,
+        fps_in=round(cam.fps_in.rate(), 2),
+        fps_out=round(cam.fps_out.rate(), 2),
+        reconnects=cam.reader.reconnects,
+        loops=cam.reader.loops,
+        last_error=cam.reader.last_error,
+        decoder=cam.reader.decoder,
+        decoder_reason=cam.reader.decoder_reason,
+    )
+
+
+def camera_state_payload(state: CameraState) -> bytes:
+    """The one builder of the `camera-state` payload (a process's own cameras, and a dead shard's, which
+    its supervisor publishes)."""
+    return payload("camera-state", **asdict(state))
 
 
 def _camera_row(name: str, cam: CameraRuntime, worker: ModelWorker) -> dict[str, Any]:

@@ -8,7 +8,7 @@ MQTT goes through the owner's client as it is at each call (``MqttOut``): a relo
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -34,11 +34,16 @@ class MqttOut(Protocol):
     topics: Topics
 
 
-class EventOut:
-    """agent.events.Publisher over the owner's MQTT client as it is at each call (a reload may swap it)."""
+Mirror = Callable[[str, bytes, bool], None]
 
-    def __init__(self, out: MqttOut) -> None:
+
+class EventOut:
+    """agent.events.Publisher over the owner's MQTT client as it is at each call (a reload may swap it).
+    `mirror(topic, body, state)`: a shard's copy of each message to its supervisor (agent.shards.link)."""
+
+    def __init__(self, out: MqttOut, mirror: Mirror | None = None) -> None:
         self._out = out
+        self._mirror = mirror
 
     @property
     def topics(self) -> Topics:
@@ -52,6 +57,8 @@ class EventOut:
             client.publish(topic, body, qos=qos, retain=True, kind="state")
         elif qos or client.connected:  # QoS 0 (snapshots) only while connected: never queued offline
             client.publish(topic, body, qos=qos, kind="event")
+        if self._mirror is not None and (state or qos):  # not snapshots: nothing to close there
+            self._mirror(topic, body, state)
 
     def connected(self) -> bool:
         client = self._out.mqtt

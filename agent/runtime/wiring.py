@@ -46,9 +46,12 @@ class Pipeline:
     """The model workers, camera readers and analytics of this process (``labels``, ``workers`` and
     ``cameras`` by name). Workers and readers are made here, started by the caller."""
 
-    def __init__(self, on_camera_state: CameraStateCallback, events_out: Publisher) -> None:
+    def __init__(
+        self, on_camera_state: CameraStateCallback, events_out: Publisher, first_id: int = 1
+    ) -> None:
         self._on_camera_state = on_camera_state
         self._events_out = events_out
+        self._first_id = first_id  # where a camera's track ids start (a shard's restart: afresh)
         self.labels: dict[str, list[str]] = {}
         self.workers: dict[str, ModelWorker] = {}
         self.cameras: dict[str, CameraRuntime] = {}
@@ -157,7 +160,7 @@ class Pipeline:
                 events.close("reconfigured", clear=True)
             return None
         if events is None:
-            return CameraEvents(name, cam, labels, labels_src, self._events_out)
+            return CameraEvents(name, cam, labels, labels_src, self._events_out, first_id=self._first_id)
         events.reconfigure(cam, labels, labels_src)
         return events
 

@@ -1,12 +1,10 @@
 """A shard process: the daemon's Agent over the cameras the supervisor gave it, linked by one pipe.
 
-Messages (tuples, first item the kind; agent.shards.host reads them):
-- to the supervisor: ("started", pid) | ("failed", error) once; then ("camera", name, state, reason),
-  ("progress", Progress) every PROGRESS_S, ("telemetry", fields, stage samples), ("engine", model,
-  fields), ("rebuild", model, force, precision, reasons), ("answer", request id, ok, body or error);
-- from it: ("stop",), ("snapshot", id, camera), ("reload", id, config part), ("tap", id, (model, total,
-  interval_s, timeout_s)): frames of the model's pipeline for the accuracy gate or INT8 calibration,
-  answered by ("frame", id, (image, origin)) messages and then ("answer", id, ok, count).
+Messages: agent.shards.protocol. The supervisor's first is `Assign` (index, config part, log level, first
+track id); the shard answers `Started` or `Failed` once, then sends camera states, a progress report every
+PROGRESS_S, telemetry, engine states, rebuild requests, copies of its object and zone events and of its
+zone/line states (so the supervisor can close them if this process dies), and the answers to the
+supervisor's `Snapshot`, `Reload` and `Tap` requests (a tap streams `Frame`s before its `Answer`).
 
 The shard never talks to systemd (NOTIFY_SOCKET is removed from its environment) and ignores SIGINT,
 SIGHUP and SIGTERM: `systemctl stop` sends SIGTERM to the whole cgroup, and a shard that exited on its own
@@ -22,12 +20,24 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from agent.config import AgentConfig
 from agent.logs import setup_logging
 from agent.shards.link import ShardLink
+from agent.shards.protocol import (
+    Answer,
+    Assign,
+    Failed,
+    Frame,
+    ProgressReport,
+    Reload,
+    Snapshot,
+    Started,
+    Stop,
+    Tap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +66,7 @@ def _logging(index: int, level: str) -> None:
             handler.setFormatter(logging.Formatter(fmt))
 
 
-def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> None:
+def shard_main(assign: Assign, conn: Connection) -> None:
     """The shard process (main() below): start the Agent on this shard's cameras, serve the supervisor's
     requests until told to stop, then stop it."""
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
@@ -64,18 +74,18 @@ def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> No
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # the supervisor's to act on (docstring)
         signal.signal(sig, signal.SIG_IGN)
-    _logging(index, level)
-    link = ShardLink(index, conn)
+    _logging(assign.index, assign.level)
+    link = ShardLink(assign.index, conn)
     from agent.daemon import Agent  # heavy imports after the signals are set
 
-    agent = Agent(cfg, shard=link)
+    agent = Agent(assign.part, shard=link, first_id=assign.first_id)
     try:
         agent.start()
     except Exception as exc:  # the supervisor reports it (start-up: an error; later: restarts with backoff)
-        link.send("failed", str(exc) or repr(exc))
+        link.send(Failed(str(exc) or repr(exc)))
         agent.stop()
         sys.exit(EXIT_START_FAILED)
-    link.send("started", os.getpid())
+    link.send(Started(os.getpid()))
     reporter = threading.Thread(target=_report, args=(agent, link, stop), name="shard-progress", daemon=True)
     reporter.start()
     try:
@@ -88,14 +98,43 @@ def shard_main(index: int, cfg: AgentConfig, conn: Connection, level: str) -> No
 def _report(agent: Any, link: ShardLink, stop: threading.Event) -> None:
     while not stop.wait(PROGRESS_S):
         try:
-            link.send("progress", agent.progress())
+            link.send(ProgressReport(agent.progress()))
         except Exception:
             log.exception("shard progress report failed")
 
 
-def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event) -> None:
-    from agent.mqtt.commands import CommandError
+class _Requests:
+    """The shard's side of the protocol: one handler per request type (`table`); each answers once."""
 
+    def __init__(self, agent: Any, link: ShardLink, stop: threading.Event) -> None:
+        self.agent, self.link, self.stop = agent, link, stop
+        self.table: dict[type, Callable[[Any], None]] = {
+            Snapshot: lambda m: self._answer(m.rid, "snapshot", lambda: agent.snapshot(m.camera)),
+            Reload: lambda m: self._answer(m.rid, "reload", lambda: agent.apply_config(m.part)),
+            Tap: self._tap,
+        }
+
+    def _answer(self, rid: int, what: str, work: Callable[[], Any]) -> None:
+        from agent.mqtt.commands import CommandError
+
+        try:
+            body = work()
+        except CommandError as exc:
+            self.link.send(Answer(rid, False, str(exc)))
+        except Exception as exc:  # a reload that failed here: the supervisor reports it
+            log.exception("shard request %s failed", what)
+            self.link.send(Answer(rid, False, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.link.send(Answer(rid, True, body))
+
+    def _tap(self, req: Tap) -> None:
+        """Frames for a build: streamed from a thread, requests go on meanwhile."""
+        args = (self.agent, self.link, req, self.stop)
+        threading.Thread(target=_tap, args=args, name="shard-tap", daemon=True).start()
+
+
+def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event) -> None:
+    requests = _Requests(agent, link, stop)
     while not stop.is_set() and not link.lost.is_set():
         try:
             if not conn.poll(0.5):
@@ -103,68 +142,44 @@ def _serve(agent: Any, link: ShardLink, conn: Connection, stop: threading.Event)
             msg = conn.recv()
         except (EOFError, OSError):
             return  # the supervisor is gone
-        kind = msg[0]
-        if kind == "stop":
+        if isinstance(msg, Stop):
             return
-        rid = msg[1]
-        if kind == "tap":  # frames for a build: streamed from a thread, requests go on meanwhile
-            args = (agent, link, rid, *msg[2], stop)
-            threading.Thread(target=_tap, args=args, name="shard-tap", daemon=True).start()
+        handler = requests.table.get(type(msg))
+        if handler is None:
+            log.warning("shard %d: unknown request %r", link.index, type(msg).__name__)
             continue
-        try:
-            if kind == "snapshot":
-                body: Any = agent.snapshot(msg[2])
-            elif kind == "reload":
-                body = agent.apply_config(msg[2])
-            else:
-                raise CommandError(f"shard: unknown request {kind!r}")
-        except CommandError as exc:
-            link.send("answer", rid, False, str(exc))
-        except Exception as exc:  # a reload that failed here: the supervisor reports it
-            log.exception("shard request %s failed", kind)
-            link.send("answer", rid, False, f"{type(exc).__name__}: {exc}")
-        else:
-            link.send("answer", rid, True, body)
+        handler(msg)
 
 
-def _tap(
-    agent: Any,
-    link: ShardLink,
-    rid: int,
-    model: str,
-    total: int,
-    interval_s: float,
-    timeout_s: float,
-    stop: threading.Event,
-) -> None:
+def _tap(agent: Any, link: ShardLink, req: Tap, stop: threading.Event) -> None:
     """The model's FrameTap (the running pipeline's frames, one per camera per interval) to the supervisor,
     where the engine job of every shard is prepared."""
-    tap = agent.taps.get(model)
+    tap = agent.taps.get(req.model)
     if tap is None:
-        link.send("answer", rid, False, f"shard {link.index}: no pipeline for model {model}")
+        link.send(Answer(req.rid, False, f"shard {link.index}: no pipeline for model {req.model}"))
         return
     n = 0
     try:
-        for item in tap.frames(total, interval_s, timeout_s, stop):
-            link.send("frame", rid, item)
+        for item in tap.frames(req.total, req.interval_s, req.timeout_s, stop):
+            link.send(Frame(req.rid, item))
             n += 1
     except Exception as exc:  # e.g. a capture already running for this model
-        link.send("answer", rid, False, str(exc))
+        link.send(Answer(req.rid, False, str(exc)))
         return
-    link.send("answer", rid, True, n)
+    link.send(Answer(req.rid, True, n))
 
 
 def main() -> None:
     """`python -m agent.shards.child FD` (agent.shards.host): FD is this shard's end of the socket pair; the
-    first message on it is ("shard", index, config part, log level)."""
+    first message on it is an `Assign`."""
     conn = Connection(int(sys.argv[1]))
     try:
-        kind, index, cfg, level = conn.recv()
+        assign = conn.recv()
     except (EOFError, OSError, ValueError):
         sys.exit(2)  # the supervisor went before handing anything over
-    if kind != "shard":
+    if not isinstance(assign, Assign):
         sys.exit(2)
-    shard_main(index, cfg, conn, level)
+    shard_main(assign, conn)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The supervisor's side of one shard: its process, its pipe, its restarts.
 
-One thread per shard reads the pipe and hands each message to the supervisor (`ShardEvents`); when the
+One thread per shard reads the pipe (agent.shards.protocol): it keeps its own bookkeeping (started,
+failed, answers, streamed frames) and hands every other message to the supervisor (`ShardEvents`); when the
 process ends without being asked to (SIGKILL, a segfault in a decoder, out of memory), the thread says so,
 waits a backoff (restart.min_s doubling up to restart.max_s; back to min_s after a shard ran STABLE_S) and
 starts it again with its current part of the config.
@@ -19,13 +20,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config import AgentConfig, RestartConfig
+from agent.shards.protocol import (
+    Answer,
+    Assign,
+    Down,
+    Failed,
+    Frame,
+    Reload,
+    Snapshot,
+    Started,
+    Stop,
+    Tap,
+    Up,
+)
+from agent.shards.tracks import first_id
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +53,7 @@ class ShardEvents(Protocol):
     def shard_started(self, k: int, pid: int) -> None: ...
     def shard_failed(self, k: int, error: str) -> None: ...
     def shard_exited(self, k: int, why: str, restart_in: float | None) -> None: ...
-    def shard_message(self, k: int, msg: tuple) -> None: ...
+    def shard_message(self, k: int, msg: Up) -> None: ...
 
 
 @dataclass
@@ -95,6 +110,7 @@ class ShardHost:
         self.state = "starting"  # starting | running | restarting | failed | stopped
         self.pid: int | None = None
         self.restarts = 0
+        self.starts = 0  # processes spawned: the n-th numbers its tracks from tracks.first_id(n)
         self.started_at: float | None = None
         self.last_exit: str | None = None
         self.failure: str | None = None  # why its last start failed (the shard's own words), until it runs
@@ -130,8 +146,10 @@ class ShardHost:
         finally:
             theirs.close()  # ours alone: recv() ends (EOFError) when the child's end goes with its process
         conn = Connection(ours.detach())
+        assign = Assign(self.index, self.part, self._level, first_id(self.starts))
+        self.starts += 1  # a start that died at once used its ids too: never handed out again
         with contextlib.suppress(OSError):  # it died at once: _life reads EOF, reaps it and says why
-            conn.send(("shard", self.index, self.part, self._level))
+            conn.send(assign)
         return proc, conn
 
     def _life(self) -> None:
@@ -171,6 +189,12 @@ class ShardHost:
         self.first_outcome.set()
 
     def _read(self, conn: Connection) -> None:
+        own: dict[type, Callable[[Any], None]] = {
+            Started: self._started,
+            Failed: self._failed,
+            Frame: self._frame,
+            Answer: self._answer,
+        }
         while True:
             try:
                 msg = conn.recv()
@@ -179,39 +203,54 @@ class ShardHost:
             except Exception:  # an unpicklable message: a bug in the shard, not a reason to lose it
                 log.exception("shard %d: unreadable message", self.index)
                 continue
-            kind = msg[0]
-            if kind == "started":
-                self.state, self.started_at, self.failure = "running", time.monotonic(), None
-                self._events.shard_started(self.index, msg[1])
-                self.first_outcome.set()
-            elif kind == "failed":
-                self.state, self.failure = "failed", msg[1]
-                self._events.shard_failed(self.index, msg[1])
-                self.first_outcome.set()
-            elif kind == "frame":
-                stream = self._streams.get(msg[1])
-                if stream is not None:
-                    stream.put(msg[2])
-            elif kind == "answer" and msg[1] in self._streams:
-                if not msg[2]:
-                    log.warning("shard %d: %s", self.index, msg[3])
-                self._streams[msg[1]].put(_END)
-            elif kind == "answer":
-                pending = self._pending.pop(msg[1], None)
-                if pending is not None:
-                    pending.ok, pending.body = msg[2], msg[3]
-                    pending.done.set()
+            handler = own.get(type(msg))
+            if handler is not None:
+                handler(msg)
             else:
                 self._events.shard_message(self.index, msg)
 
+    def _started(self, msg: Started) -> None:
+        self.state, self.started_at, self.failure = "running", time.monotonic(), None
+        self._events.shard_started(self.index, msg.pid)
+        self.first_outcome.set()
+
+    def _failed(self, msg: Failed) -> None:
+        self.state, self.failure = "failed", msg.error
+        self._events.shard_failed(self.index, msg.error)
+        self.first_outcome.set()
+
+    def _frame(self, msg: Frame) -> None:
+        stream = self._streams.get(msg.rid)
+        if stream is not None:
+            stream.put(msg.item)
+
+    def _answer(self, msg: Answer) -> None:
+        stream = self._streams.get(msg.rid)
+        if stream is not None:  # the end of a stream request
+            if not msg.ok:
+                log.warning("shard %d: %s", self.index, msg.body)
+            stream.put(_END)
+            return
+        pending = self._pending.pop(msg.rid, None)
+        if pending is not None:
+            pending.ok, pending.body = msg.ok, msg.body
+            pending.done.set()
+
     # ---- requests --------------------------------------------------------------------------------
-    def request(self, kind: str, arg: Any, timeout: float) -> tuple[bool, Any]:
-        """Ask the shard (snapshot, reload); (ok, body or error). Never raises: a gone shard is an error."""
+    def snapshot(self, camera: str, timeout: float) -> tuple[bool, Any]:
+        return self.request(lambda rid: Snapshot(rid, camera), timeout)
+
+    def reload(self, part: AgentConfig, timeout: float) -> tuple[bool, Any]:
+        return self.request(lambda rid: Reload(rid, part), timeout)
+
+    def request(self, make: Callable[[int], Down], timeout: float) -> tuple[bool, Any]:
+        """Ask the shard (`make(rid)`: the request); (ok, body or error). Never raises: a gone shard is an
+        error."""
         if self.state != "running" or self._conn is None:
             return False, f"shard {self.index} is {self.state}"
         rid = next(self._ids)
         pending = self._pending[rid] = _Pending(threading.Event())
-        if not self._send(kind, rid, arg):
+        if not self._send(make(rid)):
             self._pending.pop(rid, None)
             return False, f"shard {self.index} is not reachable"
         if not pending.done.wait(timeout):
@@ -219,7 +258,7 @@ class ShardHost:
             return False, f"shard {self.index} did not answer within {timeout:g} s"
         return pending.ok, pending.body
 
-    def _send(self, *msg: Any) -> bool:
+    def _send(self, msg: Down) -> bool:
         conn = self._conn
         if conn is None:
             return False
@@ -230,15 +269,23 @@ class ShardHost:
             except (OSError, EOFError, ValueError):
                 return False
 
-    def stream(self, kind: str, arg: Any, stop: threading.Event | None = None) -> Iterator[Any]:
-        """A request answered by many items (tap: frames); ends when the shard says so, stops or goes."""
+    def stream(self, kind: str, arg: tuple, stop: threading.Event | None = None) -> Iterator[Any]:
+        """RemoteTap's call until agent/shards/engines.py calls tap() (kept for a commit in flight)."""
+        assert kind == "tap"
+        yield from self.tap(*arg, stop)
+
+    def tap(
+        self, model: str, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
+    ) -> Iterator[Any]:
+        """The model's pipeline frames (image, origin) from the shard; ends when the shard says so, stops or
+        goes."""
         if self.state != "running":
             return
         rid = next(self._ids)
         items: queue.Queue[Any] = queue.Queue()
         self._streams[rid] = items
         try:
-            if not self._send(kind, rid, arg):
+            if not self._send(Tap(rid, model, total, interval_s, timeout_s)):
                 return
             while not (stop is not None and stop.is_set()):
                 try:
@@ -264,7 +311,7 @@ class ShardHost:
 
     def ask_stop(self) -> None:
         self._stopping.set()
-        self._send("stop")
+        self._send(Stop())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the shard to stop (its cameras publish `stopped`), then make sure it is gone. The life thread

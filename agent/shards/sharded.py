@@ -8,9 +8,11 @@ MQTT client (client id `<id>-shard<k>`, no will), so a camera's messages keep th
 contract is the one of a single process.
 
 Faults stay in their shard: a shard that dies is restarted with backoff (agent.shards.host) while its
-cameras show `reconnecting`; a shard that stops reporting for HUNG_S is killed and restarted; WATCHDOG=1
-goes out only while every running shard makes progress (a shard waiting for its restart is a camera
-problem, not a reason for systemd to restart the service).
+cameras show `reconnecting`; the supervisor closes what it left open (agent.shards.tracks: `zone_leave`
+and `end` for its tracks, its zone and line states at zero), and its restart numbers tracks afresh; a
+shard that stops reporting for HUNG_S is killed and restarted; WATCHDOG=1 goes out only while every
+running shard makes progress (a shard waiting for its restart is a camera problem, not a reason for
+systemd to restart the service).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +30,10 @@ from agent.config import AgentConfig
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandError, CommandRouter, SnapshotRequest
-from agent.mqtt.topics import Topics, payload
+from agent.mqtt.topics import Topics
 from agent.owner import DeviceOwner
 from agent.reload import ReloadPlan
+from agent.runtime.reports import CameraState, camera_state_payload
 from agent.service.notify import Notifier, extending
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Progress, Supervisor
@@ -36,6 +41,17 @@ from agent.shards import status
 from agent.shards.engines import ShardEngines
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan, place
+from agent.shards.protocol import (
+    CameraChanged,
+    EngineState,
+    ProgressReport,
+    RebuildAsked,
+    RegionState,
+    TelemetryReport,
+    TrackEvent,
+    Up,
+)
+from agent.shards.tracks import OpenTracks
 from agent.telemetry import Metrics, StageWindow, process_stats
 from engines.precision import Precision
 
@@ -90,7 +106,17 @@ class ShardedAgent(DeviceOwner):
         self.metrics = Metrics()
         self.stages = StageWindow(capacity=2048 * self.plan.count)
         self.mqtt: MqttClient | None = None
-        self.cameras: dict[str, tuple[str, str | None]] = {}  # state and reason, as the shards report them
+        self.cameras: dict[str, CameraState] = {}  # as the shards report them
+        self._open = [OpenTracks() for _ in range(self.plan.count)]  # what each shard left open
+        self._on_message: dict[type, Callable[[int, Any], None]] = {
+            ProgressReport: self._on_progress,
+            CameraChanged: self._on_camera,
+            TelemetryReport: self._on_telemetry,
+            EngineState: lambda k, m: self.shard_engines.shard_state(k, m.model, m.fields),
+            RebuildAsked: self._on_rebuild,
+            TrackEvent: lambda k, m: self._open[k].event(m.camera, m.body),
+            RegionState: lambda k, m: self._open[k].region(m.topic, m.body),
+        }
         self._progress: dict[int, tuple[Progress, float]] = {}
         self._telemetry: dict[int, dict[str, Any]] = {}
         self.shard_engines = ShardEngines(self, cfg)
@@ -123,7 +149,7 @@ class ShardedAgent(DeviceOwner):
         self.mqtt = self._make_mqtt(self.cfg, self.topics)
         for manager in self.managers.values():
             for name in self.cfg.models:  # checks only: the shards load and serve
-                manager.open(name)
+                manager.check(name)
         self.commands.start()
         if self.mqtt is not None:
             self.mqtt.start()
@@ -177,39 +203,52 @@ class ShardedAgent(DeviceOwner):
         reason = f"shard {k} failed to start: {failure}" if failure else f"shard {k} {why}; restarting"
         with self._lock:
             for cam in cams:
-                self.cameras[cam] = ("reconnecting", reason)
-        if self.mqtt is not None:
-            for cam in cams:  # its own client is gone: the supervisor says what happened to its cameras
-                body = payload(
-                    "camera-state", state="reconnecting", fps_in=0.0, fps_out=0.0, last_error=reason
+                last = self.cameras.get(cam, CameraState("reconnecting"))
+                self.cameras[cam] = replace(
+                    last, state="reconnecting", fps_in=0.0, fps_out=0.0, last_error=reason
                 )
+            down = {cam: self.cameras[cam] for cam in cams}
+        events, regions = self._open[k].close()
+        if self.mqtt is not None:
+            # Its own client is gone: the supervisor says what happened to its cameras, and closes what it
+            # left open (the events contract: every `new` has its `end`; zones empty).
+            for cam, state in down.items():
+                body = camera_state_payload(state)
                 self.mqtt.publish(self.topics.camera_state(cam), body, qos=1, retain=True, kind="state")
+            for cam, body in events:
+                self.mqtt.publish(self.topics.events(cam), body, qos=1, kind="event")
+            for topic, body in regions:
+                self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
+        if events:
+            log.info("shard %d: closed %d open track event(s) of its cameras", k, len(events))
         self._publish_status()
 
-    def shard_message(self, k: int, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "progress":
-            self._progress[k] = (msg[1], time.monotonic())
-        elif kind == "camera":
-            _, cam, state, reason = msg
-            with self._lock:
-                before = self._up()
-                self.cameras[cam] = (state, reason)
-                changed = self._up() != before
-            if changed:
-                self._publish_status()
-        elif kind == "telemetry":
-            self._telemetry[k] = msg[1]
-            self.stages.absorb(msg[2])
-        elif kind == "engine":
-            self.shard_engines.shard_state(k, msg[1], msg[2])
-        elif kind == "rebuild":
-            _, model, force, precision, reasons = msg
-            manager = self.shard_engines.manager_of(k)
-            if model in manager.models:
-                manager.rebuild(model, force=force, precision=precision, reasons=reasons)
-        else:
-            log.warning("shard %d: unknown message %r", k, kind)
+    def shard_message(self, k: int, msg: Up) -> None:
+        handler = self._on_message.get(type(msg))
+        if handler is None:
+            log.warning("shard %d: unknown message %r", k, type(msg).__name__)
+            return
+        handler(k, msg)
+
+    def _on_progress(self, k: int, msg: ProgressReport) -> None:
+        self._progress[k] = (msg.progress, time.monotonic())
+
+    def _on_camera(self, k: int, msg: CameraChanged) -> None:
+        with self._lock:
+            before = self._up()
+            self.cameras[msg.camera] = msg.state
+            changed = self._up() != before
+        if changed:
+            self._publish_status()
+
+    def _on_telemetry(self, k: int, msg: TelemetryReport) -> None:
+        self._telemetry[k] = msg.fields
+        self.stages.absorb(msg.stages)
+
+    def _on_rebuild(self, k: int, msg: RebuildAsked) -> None:
+        manager = self.shard_engines.manager_of(k)
+        if msg.model in manager.models:
+            manager.rebuild(msg.model, force=msg.force, precision=msg.precision, reasons=msg.reasons)
 
     # ---- progress, status ------------------------------------------------------------------------------
     def progress(self) -> Progress:
@@ -217,11 +256,11 @@ class ShardedAgent(DeviceOwner):
         return status.progress(self.hosts, self.plan, self._progress, time.monotonic())
 
     def _up(self) -> int:
-        return sum(1 for s, _ in self.cameras.values() if s == "streaming")
+        return sum(1 for s in self.cameras.values() if s.state == "streaming")
 
     def _status_fields(self) -> dict:
         with self._lock:
-            states = [s for s, _ in self.cameras.values()]
+            states = [s.state for s in self.cameras.values()]
         return self._status_of(states, len(self.plan.cameras), shards=self._shards_summary())
 
     def _shards_summary(self) -> dict[str, Any]:
@@ -263,7 +302,7 @@ class ShardedAgent(DeviceOwner):
         if k is None:
             known = sorted(self.plan.cameras)
             raise CommandError(f"field 'camera': unknown camera {req.camera!r} (known: {known})")
-        ok, body = self.hosts[k].request("snapshot", req.camera, REQUEST_S)
+        ok, body = self.hosts[k].snapshot(req.camera, REQUEST_S)
         if not ok:
             raise CommandError(str(body))
         return dict(body, shard=k)
@@ -313,7 +352,7 @@ class ShardedAgent(DeviceOwner):
             host.part = part_of(new, placement, host.index)
             if host.state != "running":
                 continue  # it starts with its new part
-            ok, body = host.request("reload", host.part, RELOAD_S)
+            ok, body = host.reload(host.part, RELOAD_S)
             if not ok:
                 errors.append(f"shard {host.index}: {body}")
         with self._lock:
