@@ -36,15 +36,18 @@ class Loitering(ZoneRule):
         self._after_s = np.array([np.inf if v is None else float(v) for v in self.values])
         self.now = np.zeros(len(self.specs), np.int64)  # per zone: tracks loitering in it now
         self.total = np.zeros(len(self.specs), np.int64)  # per zone: zone_loiter events
+        self._n = 0  # marks in the table after the last step
 
     def step(
         self, state: StateTable, table: np.ndarray, active: np.ndarray, ts: float, out: list[Transition]
     ) -> bool:
         inside, loitered, entered_at = state["inside"], state["loitered"], state["entered_at"]
         loitered &= inside  # a stay that ended is over
-        due = inside & ~loitered
+        due = ts - entered_at
+        due = due >= self._after_s
+        due &= inside
         due &= active[:, None]
-        due &= (ts - entered_at) >= self._after_s
+        due &= ~loitered
         fired = bool(np.count_nonzero(due))
         if fired:
             loitered |= due
@@ -55,10 +58,12 @@ class Loitering(ZoneRule):
             for t, c, z, d in zip(ids, classes, zones.tolist(), dwell, strict=True):
                 out.append(Transition("zone_loiter", z, t, c, {"dwell_s": d}))
             np.add.at(self.total, zones, 1)
-        now = np.count_nonzero(loitered, axis=0).astype(np.int64)
-        if not fired and np.array_equal(now, self.now):
+        # Without an event the marks only go (stays ended, tracks dropped): the same number, the same marks.
+        n = np.count_nonzero(loitered)
+        if not fired and n == self._n:
             return False
-        self.now = now
+        self._n = n
+        self.now = np.count_nonzero(loitered, axis=0).astype(np.int64)
         return True
 
     def carry(self, old: ZoneRule, before: Sequence[int | None]) -> None:
@@ -66,9 +71,11 @@ class Loitering(ZoneRule):
         for j, k in enumerate(before):
             if k is not None:
                 self.now[j], self.total[j] = old.now[k], old.total[k]
+        self._n = int(self.now.sum())
 
     def clear(self) -> None:
         self.now = np.zeros(len(self.specs), np.int64)
+        self._n = 0
 
     def fields(self, j: int) -> dict[str, Any]:
         if self.values[j] is None:
