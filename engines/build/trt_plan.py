@@ -137,14 +137,16 @@ def _refuse_dla(spec: BuildSpec, prepared: PreparedModel) -> None:
 
 
 def _calibrate_without_island(
-    api: TrtApi, prepared: PreparedModel, spec: BuildSpec, int8: Int8Request | None
-) -> None:
+    api: TrtApi, prepared: PreparedModel, spec: BuildSpec, int8: Int8Request | None, timing_cache: bytes
+) -> tuple[trt.ITimingCache, int, str] | None:
     """Calibrate the graph without its FP32 island (engines.build.islands) into the calibration cache,
     which the full build then reads. The island (decode + NMS: a Loop and BOOL comparisons) is pinned to FP32
     anyway; calibrating through it is wasted work at best and skipped calibration at worst (TensorRT
-    7.1-8.0). The engine this pass builds is thrown away."""
+    7.1-8.0). The engine this pass builds is thrown away, so it builds at optimisation level 0 (scales
+    come from the activations, not from tactics) with the saved timing cache attached; returns that
+    cache (attach_timing_cache's triple) for the full build to share, None where no pre-pass ran."""
     if int8 is None or not prepared.calibrate:
-        return
+        return None
     try:
         parts = islands.split(onnx.load(str(prepared.onnx_path)))
     except islands.IslandError as e:
@@ -152,11 +154,14 @@ def _calibrate_without_island(
     except Exception as e:  # an unreadable file fails the same way in the parser; say it here already
         raise BuildError(f"cannot read ONNX model {prepared.onnx_path}: {e}") from e
     if parts is None:
-        return
+        return None
     logger = api.logger()
     builder = _new_builder(api, logger)
     network, _parser = _parse(api, builder, prepared, logger, parts[0].SerializeToString())
     config, profiles = _base_config(api, builder, spec, logger)
+    if hasattr(config, "builder_optimization_level"):  # TensorRT >= 8.6: the fastest build
+        api.set_optimization_level(config, 0)
+    cached = api.attach_timing_cache(config, timing_cache) if api.has_timing_cache else None
     calibrator = configure_int8(api, network, config, profiles, prepared, spec, int8)
     if int8.needs_constraints:
         api.set_precision_constraints(config, int8.constraints)
@@ -173,6 +178,7 @@ def _calibrate_without_island(
         )
     int8.calibrated_graph = "without_fp32_island"
     log.info("INT8: calibrated %s without its FP32 island (%d batches)", prepared.onnx_path, int8.batches_fed)
+    return cached
 
 
 def build_plan(
@@ -190,9 +196,10 @@ def build_plan(
     fp = spec.fingerprint
     if fp.dla_core is not None:
         _refuse_dla(spec, prepared)
+    prepass: tuple[trt.ITimingCache, int, str] | None = None
     if prepared.calibrate and int8 is not None:
         on_progress("calibrate", 0, 1)
-        _calibrate_without_island(api, prepared, spec, int8)
+        prepass = _calibrate_without_island(api, prepared, spec, int8, timing_cache)
         on_progress("calibrate", 1, 1)
     logger = api.logger()
     builder = _new_builder(api, logger)
@@ -213,7 +220,11 @@ def build_plan(
         described["dla"] = _dla_placement(api, network, config, fp.dla_core, prepared)
     cache: trt.ITimingCache | None = None
     entries = 0
-    if api.has_timing_cache:
+    if api.has_timing_cache and prepass is not None:
+        # The pre-pass's cache: the saved timings plus the ones it measured (one cache, two configs).
+        cache, entries, described["timing_cache_status"] = prepass
+        config.set_timing_cache(cache, False)
+    elif api.has_timing_cache:
         cache, entries, described["timing_cache_status"] = api.attach_timing_cache(config, timing_cache)
     monitor = api.progress_monitor(on_progress)  # None where TensorRT has no IProgressMonitor (< 10)
     if monitor is not None and api.has_progress_monitor:
