@@ -301,3 +301,20 @@ def test_loiter_s_is_off_by_default_and_reaches_the_analytics() -> None:
     events = CameraEvents("cam", cam, ["person"], "labels.txt", Out())
     assert events.analytics.zones.specs[0].param("loiter_s") == 86400.0
     assert [type(r) for r in events.analytics.zones.rules] == [Loitering]
+
+
+def test_a_loiter_s_change_is_applied_in_place_by_a_reload() -> None:
+    from agent.reload import plan_reload
+
+    def config(**zone: Any) -> Any:
+        data = {"models": {"d": {"onnx": "/m.onnx"}}, "cameras": {"gate": {"url": "/v.mp4", "model": "d"}}}
+        data["cameras"]["gate"]["zones"] = {"z": {"polygon": [list(p) for p in RIGHT], **zone}}  # type: ignore[index]
+        return parse_config(data)
+
+    for before, after in (
+        ({}, {"loiter_s": 10}),
+        ({"loiter_s": 10}, {"loiter_s": 20}),
+        ({"loiter_s": 10}, {}),
+    ):
+        plan = plan_reload(config(**before), config(**after))
+        assert plan.cameras_analytics == ["gate"] and not plan.cameras_restarted, (before, after)
