@@ -4,7 +4,8 @@
 
 - Layers: agent -> pipelines -> engines; a module never imports a layer above its own.
 - No import circle between modules (every import counts: top level, inside functions, TYPE_CHECKING).
-- In agent/ and engines/: no module over 400 lines, no function over 60 (def line to last line).
+- In every layer: no module over 400 lines, no function over 60 (def line to last line), but for the few
+  listed in EXEMPT, each with its reason; an entry that is no longer needed is a breach too.
 - Every package and every .py file is seen by git and by ruff: no ignore rule hides one (`hidden`).
 """
 
@@ -19,9 +20,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("agent", "pipelines", "engines")  # top to bottom
-SIZED = ("agent", "engines")
+SIZED = LAYERS
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
+# "path" (the module's size) or "path:function" -> why it may be larger. Split by meaning, not by count: an
+# entry is for a module or function that is one thing, where a cut would separate what must be read together.
+EXEMPT: dict[str, str] = {
+    "pipelines/tracking.py": "one state table walked by one update (predict, the three association stages, "
+    "Kalman correction, track lifecycle) that the compiled kernel pipelines/kernels/tracking.pyx mirrors "
+    "step by step and tests/test_kernels.py compares bit for bit: the numpy reference reads as the "
+    "kernel's twin only in one piece; its docstring is the algorithm (43 lines)",
+    "pipelines/analytics.py:process": "one frame's walk (gap reset, tracker, zones, lines, what the camera "
+    "reports) in the order the events contract needs; its module is being restructured under issue 34 "
+    "item 6 (analytics by rules), which owns the cut",
+}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -131,31 +143,46 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def oversized(root: Path = ROOT) -> list[str]:
+def oversized(root: Path = ROOT, exempt: dict[str, str] | None = None) -> list[str]:
+    exempt = EXEMPT if exempt is None else exempt
     found = []
+    used: set[str] = set()
     for layer in SIZED:
         for path in sorted((root / layer).rglob("*.py")):
             text = path.read_text()
-            rel = path.relative_to(root)
+            rel = path.relative_to(root).as_posix()
             lines = text.count("\n")
             if lines > MAX_MODULE_LINES:
-                found.append(f"{rel}: {lines} lines (at most {MAX_MODULE_LINES})")
+                if rel in exempt:
+                    used.add(rel)
+                else:
+                    found.append(f"{rel}: {lines} lines (at most {MAX_MODULE_LINES})")
             for node in ast.walk(ast.parse(text, str(path))):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     span = (node.end_lineno or node.lineno) - node.lineno + 1
-                    if span > MAX_FUNCTION_LINES:
+                    if span <= MAX_FUNCTION_LINES:
+                        continue
+                    if rel in exempt or f"{rel}:{node.name}" in exempt:
+                        used.add(rel if rel in exempt else f"{rel}:{node.name}")
+                    else:
                         found.append(
                             f"{rel}:{node.lineno} {node.name}: {span} lines (at most {MAX_FUNCTION_LINES})"
                         )
+    found += [
+        f"{entry}: exempt from the size rules but within them: drop it from EXEMPT"
+        for entry in exempt
+        if entry not in used
+    ]
     return found
 
 
-def breaches(root: Path = ROOT) -> list[str]:
+def breaches(root: Path = ROOT, exempt: dict[str, str] | None = None) -> list[str]:
+    """Every breach of the rules in the tree at root (EXEMPT: the size exemptions, unless given)."""
     graph = import_graph(root)
     return [
         *upward(graph),
         *(f"import circle: {' -> '.join(c)}" for c in circles(graph)),
-        *oversized(root),
+        *oversized(root, exempt),
     ]
 
 
