@@ -273,10 +273,11 @@ def test_default_process_and_python_collectors_are_served(served: tuple[Metrics,
 
 
 def _readme_table() -> dict[str, str]:
+    """{metric: type} of README's "Telemetry fields" table (field, unit, shards, metric, type, ...)."""
     text = (REPO / "README.md").read_text()
-    section = text.split("### Prometheus", 1)[1].split("\n### ", 1)[0]
-    rows = re.findall(r"^\| `(edge_agent_\w+)` \| (counter|gauge|histogram) \|", section, re.M)
-    return dict(rows)
+    section = text.split("\n### Telemetry fields\n", 1)[1].split("\n### ", 1)[0]
+    row = r"^\| `[^`]+` \| [^|]* \| [^|]* \| `(edge_agent_\w+)` \| (counter|gauge|histogram) \|"
+    return dict(re.findall(row, section, re.M))
 
 
 def test_readme_lists_every_metric_with_its_type(served: tuple[Metrics, Scrape]) -> None:

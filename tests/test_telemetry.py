@@ -3,21 +3,38 @@
 from __future__ import annotations
 
 import json
+import re
 import types
 import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import yaml
+from fixtures_agent import ASSETS, AgentProcess, bundled_model, wait_until
+from fixtures_mqtt import Broker, Subscriber, free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.mqtt.topics import payload
 from agent.telemetry import (
+    FIELDS,
+    Field,
+    Kind,
     Metrics,
     RateCounter,
+    Shards,
     StageWindow,
     build_telemetry,
     gpu_stats,
     process_stats,
+    readme_table,
+    sharded_telemetry,
+    walk,
 )
+from agent.telemetry.spec import exposed_name, metric_specs
 from engines.cuda.gpu_probe import GpuInfo, Nvml
 
 
@@ -225,3 +242,168 @@ def test_prometheus_endpoint_exposes_the_stage_metrics() -> None:
     assert 'edge_agent_camera_stale_frames_total{camera="yard"} 4.0' in text
     assert 'edge_agent_stage_latency_seconds_count{stage="infer"} 100.0' in text  # the histogram
     assert other.registry is not m.registry
+
+
+# ---- every field declared once (agent.telemetry.fields) ----------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_table_is_made_from_the_declarations() -> None:
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n### Telemetry fields\n", 1)[1].split("\n### ", 1)[0]
+    table = "".join(line + "\n" for line in section.splitlines() if line.startswith("|"))
+    behind = "README is behind agent/telemetry/fields.py: python -m agent.telemetry prints the table"
+    assert table == readme_table(FIELDS), behind
+
+
+def test_a_metric_fed_by_fields_that_disagree_is_refused() -> None:
+    fps = next(f for f in FIELDS if f.path.endswith(".fps_in"))
+    other = replace(fps, path="cameras.{camera}.fps_x", help="Something else")
+    with pytest.raises(ValueError, match=r"fps_in and cameras\.\{camera\}\.fps_x feed camera_fps unlike"):
+        metric_specs([fps, other])
+    with pytest.raises(ValueError, match="a metric exactly when it is not payload-only"):
+        Field("x.y", Kind.GAUGE, "", Shards.SUM, "X")
+
+
+# Raw values of the fields whose metric value is made from something else than a number.
+_RAW = {"mqtt.duplicates": ["0a1b2c3d", "4e5f6a7b"], "shards.{shard}.state": "running"}
+_KEYS = {"camera": "cam{k}", "model": "model{k}", "gpu": "0"}  # other wildcards: "x"
+
+
+def _put(tree: dict[str, Any], path: str, value: Any, k: int) -> None:
+    """``value`` at ``path`` in ``tree``, each wildcard given its key (``_KEYS``, shard ``k``), unless the
+    tree has a value there already."""
+    segments = path.split(".")
+    *parents, last = (_KEYS.get(s[1:-1], "x").format(k=k) if s.startswith("{") else s for s in segments)
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    tree.setdefault(last, value)
+
+
+def _every_field() -> dict[str, Any]:
+    """A sharded supervisor's payload fields (agent.telemetry.sharded_telemetry) from inputs with a value at
+    every declared path: two shard reports (a camera, a model each), the supervisor's MQTT stats, NVML
+    reading and shard rows; the stages from a real window."""
+    reports: dict[int, dict[str, Any]] = {0: {}, 1: {}}
+    mqtt: dict[str, Any] = {}
+    gpu: dict[str, Any] = {}
+    rows = [{"shard": k, "state": "running", "gpu": 0, "cameras": [f"cam{k}"]} for k in (0, 1)]
+    for i, f in enumerate(FIELDS):
+        section, _, rest = f.path.partition(".")
+        text = f.kind in (Kind.PAYLOAD, Kind.INFO)
+        raw = _RAW.get(f.path, f"{f.path} {i}" if text else float(i + 1))
+        if f.shards is Shards.OWNER or f.shards in (Shards.SUM, Shards.MEAN):
+            for k, report in reports.items():
+                _put(report, f.path, raw, k)
+        elif section == "mqtt":
+            _put(mqtt, rest, raw, 0)
+        elif section == "gpu" and not rest.endswith(("shards", "nvdec_sessions")):  # the supervisor adds them
+            _put(gpu, rest, raw, 0)
+        elif section == "shards":
+            for k, row in enumerate(rows):
+                _put({"row": row}, "row" + f.path.split("}", 1)[1], raw, k)
+    reports[0]["cameras"]["cam0"]["decoder"] = "nvdec"  # counted in gpu.0.nvdec_sessions
+    window = StageWindow()
+    for ms in (1.0, 2.0, 30.0):
+        window.add_many({"infer": ms, "total": ms + 1.0})
+    return sharded_telemetry(rows, reports, window.summary(), mqtt, gpu=gpu)
+
+
+def test_every_declared_field_reaches_the_payload_and_prometheus() -> None:
+    fields = _every_field()
+    body = json.loads(payload("telemetry", **fields))
+    assert body["gpu"]["0"]["nvdec_sessions"] == 1 and body["process"]["processes"] == 3
+    missing = [f.path for f in FIELDS if f.kind is not Kind.HISTOGRAM and not list(walk(f.path, body))]
+    assert not missing, missing
+    m = Metrics()
+    m.update(fields)
+    port = m.start_http(0, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        m.stop_http()
+    exposed = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    kinds = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    checked = set()
+    for f in FIELDS:
+        if not f.metric:
+            continue
+        name = exposed_name(f, "edge_agent")
+        assert kinds[name] == f.kind.prometheus, name
+        if f.kind is Kind.HISTOGRAM:
+            for stage, (counts, _) in fields["stages"].histograms.items():
+                assert exposed[(f"{name}_count", (("stage", stage),))] == sum(counts)
+                checked.add(f.path)
+            continue
+        for keys, raw in walk(f.path, body):
+            values = (*keys, *(v for _, v in f.const), *((str(raw),) if f.info else ()))
+            labels = tuple(sorted(zip(f.labels, values, strict=True)))
+            expected = 1.0 if f.info else f.sample(raw)
+            assert exposed.get((name, labels)) == pytest.approx(expected), (f.path, name, labels)
+            checked.add(f.path)
+    assert checked == {f.path for f in FIELDS if f.metric}
+
+
+@pytest.mark.slow
+def test_the_running_sharded_agent_publishes_every_declared_field(
+    tmp_path: Path, mqtt_broker: Broker, mqtt_subscribe: Callable[..., Subscriber]
+) -> None:
+    """Every declared field is in the real agent's telemetry (two shards, a zone and a line), and each value
+    there that Prometheus shows has its series on /metrics. Not here: NVML (no GPU on this machine, unless
+    there is one) and a shard's ``failure`` (only while it is down)."""
+    prom = free_port()
+    cams = {n: {"url": str(ASSETS / "bikes.mp4"), "model": "detector", "fps": 4} for n in ("street", "yard")}
+    right = {"polygon": [[0.5, 0], [1, 0], [1, 1], [0.5, 1]], "labels": ["person", "car"]}  # counted by label
+    cams["street"]["zones"] = {"right": right}
+    cams["street"]["lines"] = {"mid": {"points": [[0.5, 0], [0.5, 1]]}}
+    cfg = {
+        "device_id": "fields",
+        "engine_dir": str(tmp_path / "engines"),
+        "models": {"detector": bundled_model()},
+        "cameras": cams,
+        "mqtt": {"host": "127.0.0.1", "port": mqtt_broker.port, "keepalive": 5},
+        "telemetry": {"interval_s": 1, "prometheus_port": prom},
+        "pipeline": {"shards": 2},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    sub = mqtt_subscribe(mqtt_broker.port, "edge-agent/fields/telemetry")
+    agent = AgentProcess(path, tmp_path / "agent.log")
+    try:
+
+        def both_streaming(msgs: list[Any]) -> bool:
+            t = json.loads(msgs[-1][1]) if msgs else {}
+            rows = t.get("shards") or []
+            return len(t.get("cameras", {})) == 2 and len(rows) == 2 and all("process" in r for r in rows)
+
+        assert wait_until(lambda: both_streaming(sub.snapshot()), 120), agent.text()[-3000:]
+        body = json.loads(sub.snapshot()[-1][1])
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        agent.terminate(30)
+        agent.kill()
+    absent_here = ("shards.{shard}.failure",) + (("gpu.",) if not gpu_stats() else ())
+    wanted = [f for f in FIELDS if f.kind is not Kind.HISTOGRAM and not f.path.startswith(absent_here)]
+    missing = [f.path for f in wanted if not list(walk(f.path, body))]
+    assert not missing, (missing, body)
+    series = {
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    for f in FIELDS:
+        if not f.metric or f.kind is Kind.HISTOGRAM:
+            continue
+        for keys, raw in walk(f.path, body):
+            value = f.sample(raw)
+            if value is None or (f.kind.prometheus == "counter" and value <= 0):  # no increase, no series
+                continue
+            values = (*keys, *(v for _, v in f.const), *((str(raw),) if f.info else ()))
+            labels = tuple(sorted(zip(f.labels, values, strict=True)))
+            assert (exposed_name(f, "edge_agent"), labels) in series, (f.path, labels)

@@ -62,11 +62,12 @@ def sharded_telemetry(
     reports: Mapping[int, Mapping[str, Any]],
     stages: StageRows,
     mqtt: Mapping[str, Any] | None,
+    gpu: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One payload's fields: ``rows`` the supervisor's row of each shard process (payload ``shards``),
     ``reports`` the running shards' last telemetry fields (shard -> fields), ``stages`` the summary of the
-    window they drained into, ``mqtt`` the supervisor's client's stats. The supervisor's own process counts
-    in ``process``; each row gets its shard's ``process``."""
+    window they drained into, ``mqtt`` the supervisor's client's stats, ``gpu`` its NVML reading (None: read
+    now). The supervisor's own process counts in ``process``; each row gets its shard's ``process``."""
     combined = combine([*reports.values(), {"process": process_stats()}])
     fields = build_telemetry(
         cameras=combined["cameras"],
@@ -74,6 +75,7 @@ def sharded_telemetry(
         backend=combined["backend"],
         batch_fill=combined["batch_fill"],
         process=combined["process"],
+        gpu=gpu,
         mqtt=mqtt,
     )
     for row in rows:
@@ -81,12 +83,12 @@ def sharded_telemetry(
         if report is not None:
             row["process"] = report.get("process") or {}
     fields["shards"] = rows
-    for idx, gpu in (fields.get("gpu") or {}).items():  # which shards and NVDEC sessions each GPU has
+    cams = fields["cameras"]
+    for idx, card in (fields.get("gpu") or {}).items():  # which shards and NVDEC sessions each GPU has
         mine = [s for s in rows if s["gpu"] is not None and str(s["gpu"]) == idx]
-        gpu["shards"] = [s["shard"] for s in mine]
+        card["shards"] = [s["shard"] for s in mine]
         names = {c for s in mine for c in s["cameras"]}
-        cams = fields["cameras"]
-        gpu["nvdec_sessions"] = sum(
+        card["nvdec_sessions"] = sum(
             1 for c, row in cams.items() if c in names and row.get("decoder") == "nvdec"
         )
     return fields
