@@ -70,6 +70,8 @@ def _camera_row(name: str, cam: CameraRuntime, worker: ModelWorker) -> dict[str,
         "decoder": cam.reader.decoder,  # nvdec, cpu or pipeline
         # Packets NVDEC rejected (corrupt bitstream; decoding resumed at the next key frame).
         "decode_errors": cam.reader.decode_errors,
+        # CPU seconds the reader thread spent in demux and decode (which camera costs the CPU: rate() it).
+        "decode_cpu_s": round(cam.reader.demux_cpu_s + cam.reader.decode_cpu_s, 3),
         # How stale the newest result is: grows when a camera or the model stalls.
         "frame_age_ms": None
         if cam.last_capture_ts is None

@@ -55,6 +55,8 @@ FIELDS: tuple[Field, ...] = (
     Field(f"{CAM}.decode_errors", T, "packets", OWNER,
           "Packets the hardware decoder rejected (decoding resumed at the next key frame)",
           "camera_decode_errors"),
+    Field(f"{CAM}.decode_cpu_s", T, "s", OWNER, "CPU time of the camera's reader thread in demux and decode",
+          "camera_decode_cpu_seconds"),
     Field(f"{CAM}.frame_age_ms", G, "ms", OWNER, "Age of the newest frame", "camera_frame_age_seconds",
           default=None),
     Field(f"{TRACK}.tracks_active", G, "tracks", OWNER, "Confirmed tracks alive (tracked or briefly lost)",
