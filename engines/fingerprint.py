@@ -7,6 +7,12 @@ A CPU-only machine gets a fingerprint too: gpu_name None, compute_capability = t
 TensorRT-RTX ahead-of-time builds (DEFAULT_TARGET_CC unless configured). `manifest_dict()` gives the
 manifest's `fingerprint` object; `key_fields()` the part that decides whether a plan still fits
 (driver and CUDA runtime are recorded but don't invalidate a plan).
+
+Every Orin module reports the GPU name "Orin" and compute capability 8.7, yet an AGX (16 SMs, 2 DLA cores),
+an NX (8 SMs, 2 or 0 DLA) and a Nano (8 or 4 SMs, no DLA) tune differently: the SM count, the total memory
+(GiB, rounded: Jetsons share it with the CPU) and the DLA core count are part of the key and of the
+timing cache's name. Manifests written before them lack these fields and still load (engines.manifest);
+their engines are rebuilt once, with the reason named (engines.build.compat).
 """
 
 from __future__ import annotations
@@ -37,9 +43,23 @@ FINGERPRINT_FIELDS = (
     "l4t",
     "dla_core",
     "platform",
+    "sm_count",
+    "memory_gib",
+    "dla_cores",
 )
+# Written since issue 35: absent from older manifests (engines.manifest checks them where present).
+DEVICE_FIELDS = ("sm_count", "memory_gib", "dla_cores")
 # Fields whose change means "rebuild" (see engines.build.compat).
-KEY_FIELDS = ("trt_flavor", "trt_version", "gpu_name", "compute_capability", "l4t", "dla_core", "platform")
+KEY_FIELDS = (
+    "trt_flavor",
+    "trt_version",
+    "gpu_name",
+    "compute_capability",
+    "l4t",
+    "dla_core",
+    "platform",
+    *DEVICE_FIELDS,
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +73,9 @@ class Fingerprint:
     l4t: str | None
     dla_core: int | None
     platform: str
-    # Not in the manifest: how many DLA cores TensorRT reports on this device.
-    dla_cores: int = 0
+    dla_cores: int = 0  # how many DLA cores TensorRT reports on this device
+    sm_count: int | None = None  # streaming multiprocessors (None: no GPU, or the probe could not tell)
+    memory_gib: int | None = None  # total device memory, rounded to GiB
 
     @property
     def has_gpu(self) -> bool:
@@ -75,6 +96,16 @@ class Fingerprint:
         if not self.has_gpu and target_compute_capability:
             fp = replace(fp, compute_capability=target_compute_capability)
         return fp
+
+    def timing_cache_name(self) -> str:
+        """The file name of the timing cache builds on this device share: one per TensorRT and device
+        (flavour, version, GPU, CC, SM count, memory, DLA cores); a CPU-only AOT build keys on its target
+        CC. Timings measured on one Orin module must never steer another's tactic choice."""
+        gpu = self.gpu_name or "nogpu"
+        raw = f"{self.trt_flavor}-{self.trt_version}-{gpu}-sm{self.compute_capability}"
+        if self.has_gpu:
+            raw += f"-{self.sm_count or 0}sms-{self.memory_gib or 0}gib-{self.dla_cores}dla"
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", raw) + ".cache"
 
     def describe(self) -> str:
         gpu = (
@@ -147,4 +178,6 @@ def probe_fingerprint(
         dla_core=None,  # set per build from BuildSettings (Fingerprint.for_build)
         platform=f"{_platform.system().lower()}-{_platform.machine()}",
         dla_cores=dla_cores,
+        sm_count=gpu.sm_count,
+        memory_gib=None if gpu.memory_mib is None else round(gpu.memory_mib / 1024),
     )

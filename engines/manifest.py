@@ -38,6 +38,12 @@ FINGERPRINT_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "dla_core": (_INT, True),
     "platform": (_STR, False),
 }
+# Written since issue 35 (engines.fingerprint.DEVICE_FIELDS); absent from older manifests, which still load.
+OPTIONAL_FINGERPRINT_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
+    "sm_count": (_INT, True),
+    "memory_gib": (_INT, True),
+    "dla_cores": (_INT, False),
+}
 BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "onnx_sha256": (_STR, False),
     "precision": (_STR, False),
@@ -62,6 +68,8 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     # Set by the daemon when TensorRT refused this plan at load: {at, error, fingerprint, plan_sha256,
     # refusals} (engines.build.compat.refusal_record); a rebuild writes a manifest without it.
     "refused_at_load": ((dict,), True),
+    # Built on a Jetson (issue 35): {nvpmodel {name, id}, clocks_locked, clocks} (engines.build.power).
+    "jetson": ((dict,), True),
 }
 
 
@@ -88,6 +96,7 @@ class BuildInfo:
     int8: dict[str, Any] | None = None
     dla: dict[str, Any] | None = None
     refused_at_load: dict[str, Any] | None = None
+    jetson: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know: kept as read
     key_order: tuple[str, ...] = ()  # the JSON keys as read: written back in that order
 
@@ -186,6 +195,7 @@ def manifest_from_dict(data: Any, where: str | Path = "<memory>", path: Path | N
     if schema != SCHEMA:
         raise ManifestError(f"manifest {where}: field 'schema' is {schema!r}, expected {SCHEMA!r}")
     _check(str(where), data.get("fingerprint"), FINGERPRINT_SPEC, "fingerprint")
+    _check(str(where), data["fingerprint"], OPTIONAL_FINGERPRINT_SPEC, "fingerprint", optional=True)
     _check(str(where), data.get("build"), BUILD_SPEC, "build")
     _check(str(where), data["build"], OPTIONAL_BUILD_SPEC, "build", optional=True)
     _check_profiles(str(where), data["build"]["profiles"])

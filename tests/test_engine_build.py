@@ -23,7 +23,14 @@ from engines.build.compat import check
 from engines.buildproc import ChildProcess, Progress
 from engines.errors import BuildError, BuildLockedError, StoreError
 from engines.fingerprint import probe_fingerprint
-from engines.manifest import BUILD_SPEC, FINGERPRINT_SPEC, OPTIONAL_BUILD_SPEC, SCHEMA, load_manifest
+from engines.manifest import (
+    BUILD_SPEC,
+    FINGERPRINT_SPEC,
+    OPTIONAL_BUILD_SPEC,
+    OPTIONAL_FINGERPRINT_SPEC,
+    SCHEMA,
+    load_manifest,
+)
 from engines.settings import BuildSettings
 from engines.store import EngineStore, sha256_file
 from engines.trt import import_trt
@@ -88,10 +95,11 @@ def test_fp32_build_writes_plan_and_complete_manifest(built, fp32_settings, fp):
     m = load_manifest(root / MODEL / f"{result.key}.json")
     raw = json.loads(m.path.read_text())
     assert raw["schema"] == SCHEMA and set(raw) == {"schema", "fingerprint", "build", "validation"}
-    assert set(raw["fingerprint"]) == set(FINGERPRINT_SPEC)
+    assert set(raw["fingerprint"]) == set(FINGERPRINT_SPEC) | set(OPTIONAL_FINGERPRINT_SPEC)
     # New builds write the optional fields too (older manifests without them still load).
     # Every field a build writes; refused_at_load is written later, by the daemon that could not load it.
-    assert set(raw["build"]) == set(BUILD_SPEC) | (set(OPTIONAL_BUILD_SPEC) - {"refused_at_load"})
+    # refused_at_load: set by the daemon later; jetson: builds on a Jetson only (this one is not).
+    assert set(raw["build"]) == set(BUILD_SPEC) | (set(OPTIONAL_BUILD_SPEC) - {"refused_at_load", "jetson"})
     assert (
         raw["fingerprint"]["trt_flavor"] == "tensorrt_rtx"
         and raw["fingerprint"]["compute_capability"] == "8.6"

@@ -88,7 +88,11 @@ def test_fingerprint_on_this_machine(tmp_path):
         "l4t",
         "dla_core",
         "platform",
+        "sm_count",
+        "memory_gib",
+        "dla_cores",
     }
+    assert (fp.sm_count, fp.memory_gib, fp.dla_cores) == (None, None, 0)  # no GPU: nothing to count
 
 
 # --- manifest --------------------------------------------------------------------------------

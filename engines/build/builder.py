@@ -23,8 +23,8 @@ import datetime as _dt
 import fcntl
 import hashlib
 import logging
-import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from engines.build.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
 from engines.build.compat import BuildSpec, build_spec, check
 from engines.build.int8 import Int8Request
+from engines.build.power import jetson_power
 from engines.build.trt_plan import build_plan, no_progress
 from engines.cuda.buffers import Allocator
 from engines.errors import BuildError
@@ -61,10 +62,8 @@ class BuildResult:
 
 
 def timing_cache_path(store: EngineStore, fp: Fingerprint) -> Path:
-    """One cache per (flavour, version, GPU); a CPU-only AOT build keys on its target CC."""
-    gpu = fp.gpu_name or "nogpu"
-    raw = f"{fp.trt_flavor}-{fp.trt_version}-{gpu}-sm{fp.compute_capability}"
-    return store.timing_dir / (re.sub(r"[^A-Za-z0-9._-]+", "_", raw) + ".cache")
+    """One cache per TensorRT and device (Fingerprint.timing_cache_name)."""
+    return store.timing_dir / fp.timing_cache_name()
 
 
 def _save_timing_cache(api: TrtApi, path: Path, handle: TimingCacheHandle) -> None:
@@ -130,6 +129,7 @@ def build(
     calibration_batches: BatchSource | None = None,
     device_allocator: Allocator | None = None,
     locked: bool = False,
+    power_probe: Callable[[Fingerprint], dict[str, Any] | None] = jetson_power,
 ) -> BuildResult:
     """Build (or confirm) the engine of `model`. See the module docstring.
 
@@ -138,6 +138,8 @@ def build(
     stored calibration cache matches. `device_allocator` replaces cuda-python's cudaMalloc (tests).
     `locked`: the caller holds the model's build lock (store.lock) for longer than this build - a whole
     job: gate and build - so none is taken here; otherwise it is taken for the build (`lock_wait_s`).
+    `power_probe`: the Jetson power mode and clock state recorded as build.jetson (engines.build.power;
+    tests inject one).
     """
     progress = on_progress or no_progress
     api = api or import_trt()
@@ -162,7 +164,16 @@ def build(
             reasons = result.reasons
         spec = build_spec(settings, fp)
         stored, build_s = _build_and_store(
-            store, model, settings, spec, api, progress, agent_version, calibration_batches, device_allocator
+            store,
+            model,
+            settings,
+            spec,
+            api,
+            progress,
+            agent_version,
+            calibration_batches,
+            device_allocator,
+            power_probe,
         )
     why = f" ({'; '.join(reasons)})" if reasons else (" (forced)" if force else "")
     return BuildResult(
@@ -192,6 +203,7 @@ def _build_and_store(
     agent_version: str,
     batches: BatchSource | None,
     allocator: Allocator | None,
+    power_probe: Callable[[Fingerprint], dict[str, Any] | None] = jetson_power,
 ) -> tuple[Manifest, float]:
     """The build itself (under the lock): prepare, build the plan, save the timing cache, store the engine.
     Returns (the stored manifest, build seconds)."""
@@ -201,6 +213,7 @@ def _build_and_store(
     int8 = _int8_request(store, model, settings, spec, prepared, batches, allocator)
     tc_path = timing_cache_path(store, spec.fingerprint)
     tc_data = tc_path.read_bytes() if tc_path.exists() else b""
+    jetson = power_probe(spec.fingerprint)  # the power mode and clocks the tactics are timed under
 
     t0 = time.monotonic()
     plan, tc_handle, entries, described = build_plan(
@@ -221,6 +234,8 @@ def _build_and_store(
         "hit": bool(tc_data) and entries != 0 and described["timing_cache_status"] == "loaded",
         "status": described.pop("timing_cache_status"),
     }
+    if jetson is not None:  # absent off a Jetson
+        described["jetson"] = jetson
     manifest = _manifest(settings, spec, int8, timing_cache, plan, build_s, agent_version, described)
     stored = store.write(model, spec.key, plan, manifest)
     progress("save", 1, 1)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from engines.build.calibrator import DEFAULT_QUANTILE
 from engines.errors import BuildError, ManifestError
-from engines.fingerprint import Fingerprint
+from engines.fingerprint import DEVICE_FIELDS, Fingerprint
 from engines.manifest import Manifest
 from engines.settings import BuildSettings, onnx_input_shapes, profiles_to_json, resolve_profiles
 from engines.store import EngineStore, sha256_file
@@ -150,6 +150,17 @@ def _gpu(fp: dict[str, Any]) -> str:
     return f"{fp.get('gpu_name') or 'none'} ({fp.get('compute_capability')})"
 
 
+def _device_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """SM count, memory, DLA cores (engines.fingerprint.DEVICE_FIELDS): what tells Orin modules apart."""
+    if not any(name in old for name in DEVICE_FIELDS):
+        return ["device details (SM count, memory, DLA cores) not recorded: the manifest predates them"]
+    return [
+        f"{name} {old.get(name)} -> {new.get(name)}"
+        for name in DEVICE_FIELDS
+        if old.get(name) != new.get(name)
+    ]
+
+
 def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
     """Human-readable reasons why `manifest` does not describe the build `spec` asks for."""
     old, new = manifest.fingerprint, spec.fingerprint.manifest_dict()
@@ -170,6 +181,7 @@ def differences(manifest: Manifest, spec: BuildSpec) -> list[str]:
         reasons.append(f"platform {old['platform']} -> {new['platform']}")
     if old["dla_core"] != new["dla_core"]:
         reasons.append(f"DLA core {old['dla_core']} -> {new['dla_core']}")
+    reasons += _device_changes(old, new)
     if b.onnx_sha256 != spec.onnx_sha256:
         reasons.append("ONNX changed")
     if b.precision != spec.precision:

@@ -1,8 +1,11 @@
 """What GPU is here: name, compute capability, driver and CUDA runtime versions; and NVML's live stats.
 
-Tries cuda-python (`cuda.bindings`, works on Jetson and desktops) and then NVML (`pynvml`, desktops
-and servers; Jetson has no NVML). Both are optional: without either, or without a GPU, the answer
-is `GpuInfo()` (all None), which is what a CPU-only build machine gets.
+Tries cuda-python's driver API (`cuda.bindings.driver`, or `cuda.cuda` of cuda-python 12.0-12.6.0 as on
+JetPack 6: engines.cuda.bindings; works on Jetson and desktops) and then NVML (`pynvml`, desktops and
+servers; Jetson has no NVML). Both are optional: without either, or without a GPU, the answer is
+`GpuInfo()` (all None), which is what a CPU-only build machine gets. Besides name and compute capability
+it reads what tells modules of one name apart (an Orin NX 8 GB from a 16 GB one, an AGX from an NX): the
+SM count and the total memory.
 
 `NVML` is the process's one NVML reader (initialised once, on first use): `probe_nvml` reads the
 static facts from it, the agent's telemetry (`agent.telemetry.gpu_stats`) the per-device
@@ -16,10 +19,12 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from engines.cuda.bindings import import_cuda, import_cuda_layout
 from engines.cuda.buffers import CudaError, cuda_call
+from engines.errors import UnavailableError
 
 log = logging.getLogger("engines.gpu")
 
@@ -30,7 +35,9 @@ class GpuInfo:
     compute_capability: str | None = None  # "8.7"
     cuda_driver: str | None = None  # NVML driver version "580.65.06", else CUDA driver API "13.0"
     cuda_runtime: str | None = None  # "12.9"
-    source: str | None = None  # "cuda.bindings" | "pynvml"
+    source: str | None = None  # "cuda.bindings" | "cuda.cuda" (older cuda-python) | "pynvml"
+    sm_count: int | None = None  # streaming multiprocessors (Orin AGX 16, Orin NX 8, Orin Nano 8 or 4...)
+    memory_mib: int | None = None  # total device memory (a Jetson's: the shared system memory)
 
 
 def _cuda_version(v: int) -> str:
@@ -42,10 +49,12 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def probe_cuda_bindings(index: int = 0) -> GpuInfo | None:
+def probe_cuda_bindings(
+    index: int = 0, import_module: Callable[[str], Any] = importlib.import_module
+) -> GpuInfo | None:
     try:
-        driver = importlib.import_module("cuda.bindings.driver")
-    except ImportError:
+        driver, layout = import_cuda_layout("driver", "the GPU probe", import_module)
+    except UnavailableError:
         return None
     try:
         cuda_call(driver, "cuInit", driver.cuInit(0))
@@ -65,20 +74,32 @@ def probe_cuda_bindings(index: int = 0) -> GpuInfo | None:
         )
         drv = _cuda_version(cuda_call(driver, "cuDriverGetVersion", driver.cuDriverGetVersion()))
     except CudaError as e:  # no device, no driver, driver too old: a CPU-only machine
-        log.debug("cuda.bindings: no GPU %d: %s", index, e)
+        log.debug("%s: no GPU %d: %s", layout, index, e)
         return None
     except Exception as e:  # the bindings' own errors when libcuda cannot be loaded at all
-        log.debug("cuda.bindings: no CUDA driver: %s", e)
+        log.debug("%s: no CUDA driver: %s", layout, e)
         return None
+    sm_count = memory_mib = None
+    try:
+        sm_count = int(
+            cuda_call(
+                driver,
+                "cuDeviceGetAttribute(SM count)",
+                driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+            )
+        )
+        memory_mib = int(cuda_call(driver, "cuDeviceTotalMem", driver.cuDeviceTotalMem(dev))) // 2**20
+    except Exception as e:  # CudaError, or bindings without these: the fingerprint records None
+        log.debug("%s: SM count / memory of GPU %d: %s", layout, index, e)
     runtime_v = None
     try:
-        runtime = importlib.import_module("cuda.bindings.runtime")
+        runtime = import_cuda("runtime", "the GPU probe", import_module)
         runtime_v = _cuda_version(
             cuda_call(runtime, "cudaRuntimeGetVersion", runtime.cudaRuntimeGetVersion())
         )
-    except Exception as e:  # CudaError, or the runtime library absent: keep the driver-side facts
-        log.debug("cuda.bindings.runtime: %s", e)
-    return GpuInfo(name, f"{major}.{minor}", drv, runtime_v, "cuda.bindings")
+    except Exception as e:  # UnavailableError, CudaError, the runtime library absent: keep the driver facts
+        log.debug("cuda-python runtime: %s", e)
+    return GpuInfo(name, f"{major}.{minor}", drv, runtime_v, layout, sm_count, memory_mib)
 
 
 def _import_pynvml() -> Any:
@@ -128,7 +149,10 @@ class Nvml:
         except Exception as e:
             log.debug("NVML: no GPU %d: %s", index, e)
             return None
-        return GpuInfo(name, f"{major}.{minor}", drv, None, "pynvml")
+        memory_mib = None
+        with contextlib.suppress(Exception):  # NVML has no SM count; the memory it does say
+            memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20
+        return GpuInfo(name, f"{major}.{minor}", drv, None, "pynvml", None, memory_mib)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """{index: {name, util_percent, mem_used_mb, mem_total_mb, temp_c}} of every GPU; {} if unreadable."""
@@ -194,7 +218,5 @@ def probe_gpu(index: int = 0) -> GpuInfo:
     cb = probe_cuda_bindings(index)
     nv = probe_nvml(index)
     if cb and nv:
-        return GpuInfo(
-            cb.name, cb.compute_capability, nv.cuda_driver, cb.cuda_runtime, "cuda.bindings+pynvml"
-        )
+        return replace(cb, cuda_driver=nv.cuda_driver, source=f"{cb.source}+pynvml")
     return cb or nv or GpuInfo()

@@ -4,34 +4,23 @@
     kernel = module.function("letterbox_nchw")
     kernel.launch(grid, block, stream, [(ptr, ctypes.c_void_p), (h, ctypes.c_int), ...])
 
-cuda-python only (the `cuda` extra), like engines.cuda.buffers: `cuda.bindings.{nvrtc,driver,runtime}`
-(cuda-python >= 12.6) or the older `cuda.{nvrtc,cuda,cudart}`. The code is compiled to a cubin for the
+cuda-python only (the `cuda` extra), through engines.cuda.bindings: `cuda.bindings.{nvrtc,driver,runtime}`
+(cuda-python >= 12.6.1) or the older `cuda.{nvrtc,cuda,cudart}`. The code is compiled to a cubin for the
 device's own compute capability, so no PTX JIT is involved and a driver older than NVRTC still loads it.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from engines.cuda.bindings import import_cuda
 from engines.cuda.buffers import CudaError, Stream, cuda_call, import_cudart
-from engines.errors import UnavailableError
 
 KernelArg = tuple[Any, type]  # (value, ctypes type): c_void_p for device pointers, c_int, c_float, ...
-
-
-def _import(*names: str) -> ModuleType:
-    problems = []
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    raise UnavailableError("CUDA kernels need cuda-python (pip install cuda-python): " + "; ".join(problems))
 
 
 def _nvrtc_call(nvrtc: ModuleType, what: str, result: Any, program: Any = None) -> Any:
@@ -83,8 +72,8 @@ class CudaModule:
 
     @classmethod
     def compile(cls, source: str, name: str, options: Sequence[str] = (), device: int = 0) -> CudaModule:
-        nvrtc = _import("cuda.bindings.nvrtc", "cuda.nvrtc")
-        driver = _import("cuda.bindings.driver", "cuda.cuda")
+        nvrtc = import_cuda("nvrtc", "CUDA kernels")
+        driver = import_cuda("driver", "CUDA kernels")
         cudart = import_cudart()
         cuda_call(cudart, "cudaSetDevice", cudart.cudaSetDevice(device))  # the primary context, current
         attr = cudart.cudaDeviceAttr
