@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Compiled per-frame steps of ``pipelines.zones.Zones`` and ``pipelines.lines.Lines``.
 
-The numpy code in pipelines/zones.py and lines.py is the reference: the same arithmetic in the same
+The numpy code in pipelines/zones.py, lines.py and state.py is the reference: the same arithmetic in the same
 order, in one pass over tracks x zones (x edges) and tracks x lines (tests/test_kernels.py checks both give
 the same states, transitions and counts). Arrays are checked (type, order, shape) before their data is
 read; the table's rows are pipelines.tracking's (cx, cy, w, h in rows 0-3 and the class are read).
@@ -56,7 +56,7 @@ cdef inline cnp.ndarray _zeros(Py_ssize_t rows, Py_ssize_t cols, int typenum):
 
 def follow_rows(const Py_ssize_t[::1] row_map, cnp.ndarray state):
     """``state`` ((tracks, k), any type, C order) in the tracker's new track order: old rows moved, new
-    tracks zero (pipelines.regions.follow_rows)."""
+    tracks zero (pipelines.state.follow_rows, the numpy reference)."""
     if cnp.PyArray_NDIM(state) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(state):
         raise TypeError(f"state: need a C-ordered 2-D array, got shape {(<object>state).shape}")
     cdef Py_ssize_t n = row_map.shape[0], old = cnp.PyArray_DIMS(state)[0], i, r
