@@ -4,7 +4,8 @@ The schema (agent.config) checks types, ranges and the form of every value; this
 host: the ONNX model (readable, an ONNX graph whose outputs the configured `format` decodes), the labels
 (UTF-8, not empty), camera classes and zone/line labels against those labels, a camera's video file, what
 a GStreamer `pipeline` or `preprocess: gpu` needs from this host, a TensorRT backend asked for by name,
-engine_dir where TensorRT will serve (creatable, writable), the Prometheus port (free to listen on).
+engine_dir where TensorRT will serve (creatable, writable), the Prometheus port (free to listen on), and
+on a Jetson that `tensorrt` is JetPack's, not a pip wheel shadowing it (engines.trt.jetpack).
 Every problem is one line `FILE: key.path: message`, all of them in one go.
 """
 
@@ -250,6 +251,13 @@ def _host_problems(cfg: AgentConfig) -> list[str]:
             elif not folder.is_dir():
                 why = "is not a directory" if folder.exists() else "no such directory"
                 problems.append(f"models.{name}.calibration.folder: {folder}: {why}")
+    trt_models = [name for name, m in cfg.models.items() if m.backend != "onnxruntime"]
+    if trt_models:  # a pip TensorRT wheel over JetPack's on a Jetson (engines.trt.jetpack)
+        from engines.trt.jetpack import tensorrt_wheel_problem
+
+        problem = tensorrt_wheel_problem()
+        if problem is not None:
+            problems.append(f"models.{trt_models[0]}.backend: {problem}")
     if stores:  # the engine store: TensorRT plans, INT8 calibration, grafted graphs (agent.lifecycle)
         problem = directory_problem(cfg.engine_dir)
         if problem is not None:
