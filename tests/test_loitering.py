@@ -215,8 +215,8 @@ class Out:
 
 
 def camera(**zones: dict[str, Any]) -> CameraConfig:
-    data = {"models": {"d": {"onnx": "/m.onnx"}}, "cameras": {"cam": {"url": "/v.mp4", "model": "d"}}}
-    data["cameras"]["cam"]["zones"] = zones  # type: ignore[index]
+    cam: dict[str, Any] = {"url": "/v.mp4", "model": "d", "zones": zones}
+    data = {"models": {"d": {"onnx": "/m.onnx"}}, "cameras": {"cam": cam}}
     return parse_config(data).cameras["cam"]
 
 
@@ -307,9 +307,8 @@ def test_a_loiter_s_change_is_applied_in_place_by_a_reload() -> None:
     from agent.reload import plan_reload
 
     def config(**zone: Any) -> Any:
-        data = {"models": {"d": {"onnx": "/m.onnx"}}, "cameras": {"gate": {"url": "/v.mp4", "model": "d"}}}
-        data["cameras"]["gate"]["zones"] = {"z": {"polygon": [list(p) for p in RIGHT], **zone}}  # type: ignore[index]
-        return parse_config(data)
+        gate = {"url": "/v.mp4", "model": "d", "zones": {"z": {"polygon": [list(p) for p in RIGHT], **zone}}}
+        return parse_config({"models": {"d": {"onnx": "/m.onnx"}}, "cameras": {"gate": gate}})
 
     for before, after in (
         ({}, {"loiter_s": 10}),

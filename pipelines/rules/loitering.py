@@ -43,8 +43,7 @@ class Loitering(ZoneRule):
     ) -> bool:
         inside, loitered, entered_at = state["inside"], state["loitered"], state["entered_at"]
         loitered &= inside  # a stay that ended is over
-        due = ts - entered_at
-        due = due >= self._after_s
+        due = (ts - entered_at) >= self._after_s
         due &= inside
         due &= active[:, None]
         due &= ~loitered
@@ -59,7 +58,7 @@ class Loitering(ZoneRule):
                 out.append(Transition("zone_loiter", z, t, c, {"dwell_s": d}))
             np.add.at(self.total, zones, 1)
         # Without an event the marks only go (stays ended, tracks dropped): the same number, the same marks.
-        n = np.count_nonzero(loitered)
+        n = int(np.count_nonzero(loitered))
         if not fired and n == self._n:
             return False
         self._n = n
