@@ -6,6 +6,8 @@ timing cache, which the full build then shares. On fake_tensorrt (weakly typed T
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import fake_tensorrt
@@ -15,9 +17,14 @@ from test_islands_parsed import RECORDED, grafted  # noqa: F401 - the grafted-mo
 from test_trt_review import fp_for
 
 from engines.build.builder import build
+from engines.build.power import clock_state, jetson_power, parse_nvpmodel
+from engines.errors import ManifestError
+from engines.manifest import load_manifest
 from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.trt import TrtApi
+
+NANODET = Path(__file__).resolve().parents[1] / "agent" / "assets" / "nanodet-m-416.onnx"
 
 
 def _int8_build(onnx: Path, tmp_path: Path) -> tuple[object, list[object]]:
@@ -55,5 +62,81 @@ def test_int8_prepass_builds_at_level_0_with_the_timing_cache(
     assert b"conv1" in saved
 
 
-if __name__ == "__main__":  # pragma: no cover
-    pytest.main([__file__])
+
+# --- the Jetson's power mode and clocks in the manifest --------------------------------------------------
+NVPMODEL_Q = "NV Fan Mode:quiet\nNV Power Mode: MAXN\n0\n"
+
+
+def _sysfs(root: Path, gpu: tuple[int, int], cpus: list[tuple[int, int]]) -> Path:
+    node = root / "class" / "devfreq" / "17000000.ga10b"
+    node.mkdir(parents=True)
+    (node / "min_freq").write_text(f"{gpu[0]}\n")
+    (node / "max_freq").write_text(f"{gpu[1]}\n")
+    for i, (lo, hi) in enumerate(cpus):
+        policy = root / "devices" / "system" / "cpu" / f"cpu{i}" / "cpufreq"
+        policy.mkdir(parents=True)
+        (policy / "scaling_min_freq").write_text(f"{lo}\n")
+        (policy / "scaling_max_freq").write_text(f"{hi}\n")
+    return root
+
+
+def test_parse_nvpmodel() -> None:
+    assert parse_nvpmodel(NVPMODEL_Q) == {"name": "MAXN", "id": 0}
+    assert parse_nvpmodel("NV Power Mode: 15W\n1\n") == {"name": "15W", "id": 1}
+    assert parse_nvpmodel("NV Power Mode: MODE_30W") == {"name": "MODE_30W", "id": None}
+    assert parse_nvpmodel("nvpmodel: command not found") is None
+
+
+def test_clock_state_from_sysfs(tmp_path: Path) -> None:
+    locked = _sysfs(tmp_path / "a", (1_300_500_000, 1_300_500_000), [(2_201_600, 2_201_600)] * 2)
+    assert clock_state(locked) == {
+        "locked": True,
+        "gpu_min_hz": 1_300_500_000,
+        "gpu_max_hz": 1_300_500_000,
+        "cpus_locked": True,
+    }
+    floating = _sysfs(tmp_path / "b", (306_000_000, 1_300_500_000), [(115_200, 2_201_600)])
+    assert clock_state(floating)["locked"] is False  # type: ignore[index]
+    cpus_only = _sysfs(tmp_path / "c", (1_300_500_000, 1_300_500_000), [(115_200, 2_201_600)])
+    assert clock_state(cpus_only)["locked"] is False  # type: ignore[index]
+    assert clock_state(tmp_path / "none") is None
+
+
+def test_a_jetson_build_records_power_mode_and_clocks(tmp_path: Path) -> None:
+    mod = fake_tensorrt.make("10.3.0")
+    api = TrtApi(mod)
+    fp = replace(fp_for(api), l4t="R36.4.3")  # a Jetson
+    sysfs = _sysfs(tmp_path / "sys", (1_300_500_000, 1_300_500_000), [(2_201_600, 2_201_600)])
+    store = EngineStore(tmp_path / "e")
+    settings = BuildSettings(onnx=NANODET, precision="fp16")
+    result = build(
+        store,
+        "det",
+        settings,
+        api=api,
+        fingerprint=fp,
+        force=True,
+        power_probe=lambda f: jetson_power(f, query=lambda: NVPMODEL_Q, sysfs=sysfs),
+    )
+    jetson = result.manifest.build.jetson
+    assert jetson["nvpmodel"] == {"name": "MAXN", "id": 0} and jetson["clocks_locked"] is True
+    # Stored and read back.
+    assert store.manifest("det", result.key).build.jetson == jetson
+
+
+def test_no_jetson_record_off_a_jetson_and_old_manifests_load(tmp_path: Path) -> None:
+    mod = fake_tensorrt.make("10.3.0")
+    api = TrtApi(mod)
+    fp = replace(fp_for(api), l4t=None)
+    assert jetson_power(fp, query=lambda: NVPMODEL_Q) is None
+    store = EngineStore(tmp_path / "e")
+    result = build(store, "det", BuildSettings(onnx=NANODET, precision="fp16"), api=api, fingerprint=fp)
+    assert result.manifest.build.jetson is None
+    path = store.manifest_path("det", result.key)
+    data = json.loads(path.read_text())
+    assert "jetson" not in data["build"]  # as a manifest written before the field existed
+    assert load_manifest(path).build.jetson is None
+    data["build"]["jetson"] = "MAXN"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=r"build\.jetson"):
+        load_manifest(path)

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from engines.build.calibrator import DEFAULT_QUANTILE, BatchSource, CalibrationCache, npy_batches
 from engines.build.compat import BuildSpec, build_spec, check
 from engines.build.int8 import Int8Request
+from engines.build.power import jetson_power
 from engines.build.trt_plan import build_plan, no_progress
 from engines.cuda.buffers import Allocator
 from engines.errors import BuildError
@@ -127,6 +129,7 @@ def build(
     calibration_batches: BatchSource | None = None,
     device_allocator: Allocator | None = None,
     locked: bool = False,
+    power_probe: Callable[[Fingerprint], dict[str, Any] | None] = jetson_power,
 ) -> BuildResult:
     """Build (or confirm) the engine of `model`. See the module docstring.
 
@@ -135,6 +138,8 @@ def build(
     stored calibration cache matches. `device_allocator` replaces cuda-python's cudaMalloc (tests).
     `locked`: the caller holds the model's build lock (store.lock) for longer than this build - a whole
     job: gate and build - so none is taken here; otherwise it is taken for the build (`lock_wait_s`).
+    `power_probe`: the Jetson power mode and clock state recorded as build.jetson (engines.build.power;
+    tests inject one).
     """
     progress = on_progress or no_progress
     api = api or import_trt()
@@ -159,7 +164,16 @@ def build(
             reasons = result.reasons
         spec = build_spec(settings, fp)
         stored, build_s = _build_and_store(
-            store, model, settings, spec, api, progress, agent_version, calibration_batches, device_allocator
+            store,
+            model,
+            settings,
+            spec,
+            api,
+            progress,
+            agent_version,
+            calibration_batches,
+            device_allocator,
+            power_probe,
         )
     why = f" ({'; '.join(reasons)})" if reasons else (" (forced)" if force else "")
     return BuildResult(
@@ -189,6 +203,7 @@ def _build_and_store(
     agent_version: str,
     batches: BatchSource | None,
     allocator: Allocator | None,
+    power_probe: Callable[[Fingerprint], dict[str, Any] | None] = jetson_power,
 ) -> tuple[Manifest, float]:
     """The build itself (under the lock): prepare, build the plan, save the timing cache, store the engine.
     Returns (the stored manifest, build seconds)."""
@@ -198,6 +213,7 @@ def _build_and_store(
     int8 = _int8_request(store, model, settings, spec, prepared, batches, allocator)
     tc_path = timing_cache_path(store, spec.fingerprint)
     tc_data = tc_path.read_bytes() if tc_path.exists() else b""
+    jetson = power_probe(spec.fingerprint)  # the power mode and clocks the tactics are timed under
 
     t0 = time.monotonic()
     plan, tc_handle, entries, described = build_plan(
@@ -218,6 +234,8 @@ def _build_and_store(
         "hit": bool(tc_data) and entries != 0 and described["timing_cache_status"] == "loaded",
         "status": described.pop("timing_cache_status"),
     }
+    if jetson is not None:  # absent off a Jetson
+        described["jetson"] = jetson
     manifest = _manifest(settings, spec, int8, timing_cache, plan, build_s, agent_version, described)
     stored = store.write(model, spec.key, plan, manifest)
     progress("save", 1, 1)
