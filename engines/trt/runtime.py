@@ -72,7 +72,7 @@ class RuntimeCalls(TrtModule):
             return None
         limit, label = self.MAX_RECORDED_ERRORS, self.label
 
-        class Recorder(base):
+        class Recorder(base):  # type: ignore[no-any-unimported]  # the module's own class, found at run time
             def __init__(self) -> None:
                 base.__init__(self)  # the pybind11 trampoline needs the base initialised explicitly
                 self._lock = threading.Lock()
@@ -165,7 +165,7 @@ class RuntimeCalls(TrtModule):
         if base is None:
             return None
 
-        class OutputAllocator(base):
+        class OutputAllocator(base):  # type: ignore[no-any-unimported]  # likewise
             def __init__(self) -> None:
                 base.__init__(self)
                 self.shapes: dict[str, tuple[int, ...]] = {}
