@@ -145,7 +145,7 @@ def test_gpu_stats_through_the_one_nvml_reader() -> None:
             "temp_c": 61.0,
         },
     }
-    assert nvml.info(0) == GpuInfo("NVIDIA Fake", "8.9", "580.65.06", None, "pynvml")
+    assert nvml.info(0) == GpuInfo("NVIDIA Fake", "8.9", "580.65.06", None, "pynvml", memory_mib=8192)
     assert nvml.info(5) is None  # no such device: None, not an exception
     gpu_stats(nvml)
     assert lib.calls["init"] == 1  # initialised once, not per read
