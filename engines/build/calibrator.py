@@ -2,7 +2,7 @@
 
     cache = CalibrationCache(store.calib_path(model, key), identity={"method": "entropy", "samples": 500,
                                                                     "onnx_sha256": ...})
-    feeder = BatchFeeder(batches, shape=(1, 3, 416, 416), samples=500, allocator=None)  # None: cudaMalloc
+    feeder = BatchFeeder(batches, shape=(1, 3, 416, 416), samples=500, allocator=None)  # None: CUDA
     calibrator = make_calibrator(api, "entropy", feeder, cache)   # an IInt8EntropyCalibrator2
     config.int8_calibrator = calibrator                            # (TrtApi.set_int8 does this)
     ... build ...; calibrator.close(); calibrator.error -> raise if set
@@ -122,7 +122,10 @@ class CalibrationCache:
 
 class BatchFeeder:
     """Re-cuts caller batches into calibration-shaped float32 batches and copies each into one device
-    buffer, allocated at the first batch (a cache hit never touches CUDA) and freed by close()."""
+    buffer, allocated at the first batch (a cache hit never touches CUDA) and freed by close(). The
+    default allocator (engines.cuda.buffers.cuda_allocator) copies through pinned memory, so a batch is
+    on the device when get_batch returns its pointer: from pageable memory cudaMemcpy returns before the
+    DMA is done, and TensorRT reads the buffer on its own stream."""
 
     def __init__(
         self,
