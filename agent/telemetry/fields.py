@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.telemetry.spec import Field, Kind, Shards
 
+# Short names, so that a declaration fits a line or two: Field(path, kind, unit, shards, help, metric, ...).
 G, T, W, INFO, H, P = Kind.GAUGE, Kind.TOTAL, Kind.INCREMENT, Kind.INFO, Kind.HISTOGRAM, Kind.PAYLOAD
 OWNER, SUM, MEAN, COUNT, WINDOW, SUP = (
     Shards.OWNER,

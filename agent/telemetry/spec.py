@@ -161,8 +161,7 @@ def metric_specs(fields: Iterable[Field]) -> dict[str, MetricSpec]:
         if seen is None:
             out[f.metric] = MetricSpec(f.metric, f.kind, f.labels, f.help, (f,))
             continue
-        label_names = tuple(n for n in f.labels)
-        if (seen.kind, seen.labels, seen.help) != (f.kind, label_names, f.help):
+        if (seen.kind, seen.labels, seen.help) != (f.kind, f.labels, f.help):
             raise ValueError(f"telemetry fields {seen.fields[0].path} and {f.path} feed {f.metric} unlike")
         out[f.metric] = MetricSpec(seen.name, seen.kind, seen.labels, seen.help, (*seen.fields, f))
     return out
