@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.errors import UnavailableError
 from engines.trt.module import TrtModule, enum_name, log
 
 
@@ -143,8 +144,11 @@ class RuntimeCalls(TrtModule):
             per_profile = getattr(engine, name, None)
             if per_profile is not None and profiles:
                 return max(int(per_profile(p)) for p in profiles)
-        size = getattr(engine, "device_memory_size_v2", None)
-        return int(size if size is not None else engine.device_memory_size)
+        for name in ("device_memory_size_v2", "device_memory_size"):  # TensorRT-RTX: v2 only
+            size = getattr(engine, name, None)
+            if size is not None:
+                return int(size)
+        raise UnavailableError("the engine reports no device memory size")
 
     @staticmethod
     def set_context_memory(context: Any, ptr: int, nbytes: int) -> None:
@@ -152,8 +156,10 @@ class RuntimeCalls(TrtModule):
         8.x: the device_memory property)."""
         if hasattr(context, "set_device_memory"):
             context.set_device_memory(int(ptr), int(nbytes))
-        else:
+        elif hasattr(context, "device_memory"):
             context.device_memory = int(ptr)
+        else:
+            raise UnavailableError("the execution context takes no device memory")
 
     def output_allocator(self, reallocate: Callable[[str, int], int]) -> Any | None:
         """An IOutputAllocator for outputs whose shape only the data decides (NonZero/NMS-terminated
