@@ -755,8 +755,9 @@ def test_every_used_attribute_exists_in_tensorrt_rtx():
 
 
 def test_every_unguarded_use_exists_in_tensorrt_8_6_1_and_10_13():
-    """The versions the agent supports beside RTX: 8.6.1 (JetPack 5, table from NVIDIA's bindings) and
-    10.13 (tensorrt-stubs). Version-specific code must sit behind a probe."""
+    """The versions the agent supports beside RTX: 8.6.1 (the oldest the `tensorrt` extra allows on a
+    server; Jetsons start at JetPack 6's 10.3; table from NVIDIA's bindings) and 10.13 (tensorrt-stubs).
+    Version-specific code must sit behind a probe."""
     if stub_path() is None:
         pytest.skip(SKIP_REASON)
     uses = extract()

@@ -98,15 +98,16 @@ class TrtModule:
         return hasattr(getattr(self.mod, obj_name, None), attr)
 
     def require_execution(self) -> None:
-        """UnavailableError unless engines can run through the tensor-address API (TensorRT >= 8.5,
-        JetPack >= 5.1; every TensorRT-RTX): set_tensor_address + execute_async_v3."""
+        """UnavailableError unless engines can run through the tensor-address API (TensorRT >= 8.5; every
+        TensorRT-RTX): set_tensor_address + execute_async_v3. On a Jetson the floor is JetPack 6 anyway
+        (TensorRT 10.3, Python 3.10, CUDA 12: JetPack 5.1's bindings are Python 3.8 and CUDA 11.4)."""
         if not (
             self._has("IExecutionContext", "set_tensor_address")
             and self._has("IExecutionContext", "execute_async_v3")
         ):
             raise UnavailableError(
                 f"{self.label} cannot run engines here: the agent needs the tensor-address API "
-                "(set_tensor_address, execute_async_v3) of TensorRT >= 8.5 (JetPack >= 5.1)"
+                "(set_tensor_address, execute_async_v3) of TensorRT >= 8.5 (on a Jetson: JetPack >= 6)"
             )
 
     @property
