@@ -28,7 +28,7 @@ LAYOUTS: dict[str, tuple[str, str]] = {
 def import_cuda(
     part: str,
     what: str = "this",
-    import_module: Callable[[str], ModuleType] = importlib.import_module,
+    import_module: Callable[[str], ModuleType] | None = None,
 ) -> ModuleType:
     """The cuda-python module of `part` (driver | runtime | nvrtc), new layout first. UnavailableError
     naming `what` needed it and both modules tried, when neither imports."""
@@ -38,15 +38,17 @@ def import_cuda(
 def import_cuda_layout(
     part: str,
     what: str = "this",
-    import_module: Callable[[str], ModuleType] = importlib.import_module,
+    import_module: Callable[[str], ModuleType] | None = None,
 ) -> tuple[ModuleType, str]:
-    """(import_cuda's module, its layout: "cuda.bindings" or "cuda.cuda" for cuda-python before 12.6.1)."""
+    """(import_cuda's module, its layout: "cuda.bindings" or "cuda.cuda" for cuda-python before 12.6.1).
+    `import_module`: importlib.import_module, looked up at the call (tests patch it)."""
+    load = import_module or importlib.import_module
     if part not in LAYOUTS:
         raise ValueError(f"unknown cuda-python part {part!r} (known: {', '.join(LAYOUTS)})")
     problems = []
     for name, layout in zip(LAYOUTS[part], ("cuda.bindings", "cuda.cuda"), strict=True):
         try:
-            return import_module(name), layout
+            return load(name), layout
         except ImportError as e:
             problems.append(f"{name}: {e}")
     raise UnavailableError(

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
 
+from engines.cuda.bindings import import_cuda
 from engines.cuda.handles import handle_of
-from engines.errors import EngineError, UnavailableError
+from engines.errors import EngineError
 
 
 class CudaError(EngineError):
@@ -43,15 +43,8 @@ Allocator = Callable[[int], DeviceBufferLike]
 
 
 def import_cudart() -> ModuleType:
-    problems = []
-    for name in ("cuda.bindings.runtime", "cuda.cudart"):
-        try:
-            return importlib.import_module(name)
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    raise UnavailableError(
-        "device buffers need cuda-python (pip install cuda-python): " + "; ".join(problems)
-    )
+    """cuda-python's runtime API, in either layout (engines.cuda.bindings)."""
+    return import_cuda("runtime", "device buffers")
 
 
 def cuda_call(api: ModuleType, what: str, result: Any) -> Any:

@@ -49,9 +49,7 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def probe_cuda_bindings(
-    index: int = 0, import_module: Callable[[str], Any] = importlib.import_module
-) -> GpuInfo | None:
+def probe_cuda_bindings(index: int = 0, import_module: Callable[[str], Any] | None = None) -> GpuInfo | None:
     try:
         driver, layout = import_cuda_layout("driver", "the GPU probe", import_module)
     except UnavailableError:
