@@ -58,12 +58,18 @@ def _pin_fp32_islands(
 
 
 def _rest_outputs(prepared: PreparedModel) -> list[str] | None:
-    """islands.rest_outputs of the graph TensorRT parses (None: no FP32 island)."""
+    """islands.rest_outputs of the graph TensorRT parsed (None: no FP32 island). The graph only: external
+    weights stay on disk. A graph onnx cannot read (TensorRT's parser took it) is pinned by layer name."""
+    data = prepared.model_bytes
     try:
-        data = prepared.model_bytes
-        model = onnx.load_from_string(data) if data is not None else onnx.load(str(prepared.onnx_path))
-    except Exception as e:  # an unreadable file fails the same way in the parser; say it here already
-        raise BuildError(f"cannot read ONNX model {prepared.onnx_path}: {e}") from e
+        model = (
+            onnx.load_from_string(data)
+            if data is not None
+            else onnx.load(str(prepared.onnx_path), load_external_data=False)
+        )
+    except Exception as e:
+        log.warning("FP32 island: cannot read %s (%s); its layers found by name only", prepared.onnx_path, e)
+        return None
     return islands.rest_outputs(model)
 
 
