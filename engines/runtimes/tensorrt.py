@@ -2,7 +2,8 @@
 
     backend = TensorRTBackend(store, "detector", check_result.key, contexts=2)
     backend.load()       # BackendError naming the plan: no GPU, corrupt, out of memory; PlanRefusedError
-                         # when TensorRT refuses the plan itself (a rebuild can fix that one)
+                         # when TensorRT refuses the plan itself (a rebuild can fix that one); the two
+                         # are told apart by the codes an IErrorRecorder on the runtime receives
     backend.infer(batch) # any thread; slots (engines.runtimes.slots) overlap on their own streams;
                          # batch: a host array or a DeviceTensor (GPU preprocessing, no host copy)
     backend.last_gpu_ms  # device time of the last batch (CUDA events)
