@@ -28,6 +28,10 @@ Behaviours of real TensorRT the fake models, so the code around it is tested aga
 - a timing cache from another TensorRT version or device (mod._timing_device) is refused by
   set_timing_cache (returns False) unless mismatches are ignored; ITimingCache.combine skips (False) a cache
   of another version, and one of another device unless ignore_mismatch; unreadable cache bytes give None.
+- runtime (see `_runtime_api` at the end): errors go to an error recorder where one is set (the engine
+  and its contexts inherit the runtime's), else to the logger; a USER_MANAGED context fails
+  execute_async_v3 by code without a large enough block; an output of data-dependent shape (-1 dims)
+  needs an IOutputAllocator, which execute_async_v3 asks for the upper bound and then tells the shape.
 Every plan records its layers and the precision each ran in (`plan_layers`), which the engine inspector
 of the deserialised plan reports.
 """
