@@ -7,6 +7,8 @@ deserialisation); everything that tensorrt_rtx can do for real is tested with te
     trt = make("11.0.0", weak=False, explicit_batch=False)
     trt = make("8.2.0", memory_pool=False, opt_level=False, progress=False, node_names=False, io_api=True)
     trt = make("10.3.0", int8=True)            # + IInt8*Calibrator bases, PREFER/OBEY flags, layers
+    trt = make("10.3.0", parsed=recorded_parse())   # the parser makes the real TensorRT-RTX parse of the
+                                                    # grafted NanoDet (tests/data/nanodet_grafted_layers.json)
 Every instance records calls in `trt.calls` (list of tuples).
 
 INT8 (int8=True): the network has DETECTOR_LAYERS (names/types/tensors, settable precision and output
