@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
@@ -94,3 +95,17 @@ def test_preflight_names_the_shadowing_wheel(tmp_path: Path, monkeypatch: pytest
     model["backend"] = "onnxruntime"
     path.write_text(yaml.safe_dump(data))
     assert not [x for x in preflight(load_config(path), str(path)) if "pip wheel" in x]
+
+
+def test_the_documented_floor_is_jetpack_6() -> None:
+    """Item 6: JetPack 5.1's TensorRT bindings are Python 3.8 and CUDA 11.4, below the package's floor; every
+    place that states a Jetson floor says JetPack 6, none JetPack 5."""
+    root = Path(__file__).resolve().parents[1]
+    texts = {
+        name: (root / name).read_text()
+        for name in ("README.md", "engines/SUPPORT.md", "pyproject.toml", "engines/trt/module.py")
+    }
+    for name, text in texts.items():
+        assert "JetPack 6" in text or "JetPack >= 6" in text, name
+        assert not re.search(r"JetPack >= ?5|JetPack 5(\.\d)? (or|and) (later|newer)", text), name
+    assert "Python 3.8 and CUDA 11.4" in texts["README.md"]
