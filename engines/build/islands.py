@@ -25,11 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import helper
 
-from engines.trt import LayerInfo
+if TYPE_CHECKING:  # the ONNX side (pipelines.models.graft) must not import the TensorRT layer
+    from engines.trt import LayerInfo
 
 KEEP_FP32 = "keep_fp32/"
 
