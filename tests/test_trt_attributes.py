@@ -50,6 +50,8 @@ SOURCES = [
     "engines/fingerprint.py",
     "engines/build/int8.py",
     "engines/runtimes/slots.py",
+    "engines/runtimes/slot_memory.py",
+    "engines/runtimes/dynamic_outputs.py",
     "engines/runtimes/tensorrt.py",
     "engines/runtimes/trt_layers.py",
     "engines/trt/config.py",
@@ -168,6 +170,8 @@ REQUIRED: dict[str, set[tuple[str, str, str]]] = {
         ("IExecutionContext", "set_optimization_profile_async", "call"),
         ("IExecutionContext", "get_tensor_shape", "call"),
     },
+    "engines/runtimes/slot_memory.py": set(),  # the activation block through TrtApi
+    "engines/runtimes/dynamic_outputs.py": {("IExecutionContext", "set_output_allocator", "call")},
     "engines/runtimes/tensorrt.py": {("IExecutionContext", "profiler", "attr")},
     "engines/runtimes/trt_layers.py": {
         ("ICudaEngine", "create_engine_inspector", "call"),

@@ -366,9 +366,8 @@ def test_a_failed_output_allocation_fails_the_batch_by_code(tmp_path: Path, cuda
     b = backend(tmp_path, mod)
     b.load()
     slot = _slots(b)[0]
-    slot._reallocate = lambda name, nbytes: (_ for _ in ()).throw(MemoryError("no memory"))
-    slot._allocator = TrtApi(mod).output_allocator(slot._reallocate)
-    slot.context.set_output_allocator("detections", slot._allocator)
+    failing = TrtApi(mod).output_allocator(lambda name, n: (_ for _ in ()).throw(MemoryError("no memory")))
+    slot.context.set_output_allocator("detections", failing)
     with pytest.raises(BackendError, match=r"the device failed.*FAILED_ALLOCATION"):
         b.infer(BATCH)
     b.close()

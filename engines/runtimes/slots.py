@@ -19,16 +19,12 @@ another thread needs: a slot belongs to one caller at a time, the pool's queue i
 runs, so a thread blocked in a synchronize never stops another slot; tests/test_trt_runtime_review.py).
 
 Given the TrtApi (`api`), as TensorRTBackend does:
-- memory: each slot's context is created without activation memory (USER_MANAGED / ..._without_device_
-  memory) and gets one block the slot allocates, sized for the profiles it owns. The rule: a block is
-  shared only by contexts that never run at once. The pool runs its slots at once (the scheduler keeps
-  up to `slots` batches in flight, each on its slot's stream), so each slot has its own block; within a
-  slot every profile uses the same one (one batch at a time). On an integrated GPU (Jetson: unified
-  memory) the IO buffers are mapped pinned memory the GPU reads in place: no device copy, no memcpy.
+- memory (engines.runtimes.slot_memory): each slot's context is created without activation memory and
+  gets its own block, sized for the profiles it owns; on an integrated GPU (Jetson: unified memory) the
+  IO buffers are mapped pinned memory the GPU reads in place: no device copy, no memcpy.
 - errors by code: each context has its own IErrorRecorder; a failed batch names TensorRT's error codes.
-- outputs whose shape only the data decides (-1 dims once the input shape is set: [N, 6] detections of
-  NMS-terminated exports) get an IOutputAllocator: TensorRT asks it for memory during execute_async_v3
-  and tells it the shape; the slot copies that many rows back after the stream is done.
+- outputs whose shape only the data decides ([N, 6] detections of NMS-terminated exports) get an
+  IOutputAllocator (engines.runtimes.dynamic_outputs); the slot copies back the rows TensorRT reports.
 
 Written to the TensorRT docs (tensor-address API, TensorRT >= 8.5 and TensorRT-RTX); TensorRT itself
 cannot run in this project's CI. The CUDA side and this control flow run on a GPU with a `fake_`
@@ -40,24 +36,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from engines.cuda.buffers import (
-    CudaError,
-    DeviceBuffer,
-    Event,
-    MappedBuffer,
-    PinnedBuffer,
-    Stream,
-    import_cudart,
-    memcpy_async,
-    unified_memory,
-)
+from engines.cuda.buffers import CudaError, DeviceBuffer, Event, Stream, import_cudart, unified_memory
 from engines.runtimes.base import BackendError, DeviceTensor
+from engines.runtimes.dynamic_outputs import DynamicOutputs
+
+# IoSpec, the slots' view of an IO tensor, is imported from here too (engines.runtimes.tensorrt, tests).
+from engines.runtimes.slot_memory import IoBuffers, IoSpec, activation_block
 from engines.trt.runtime import TrtErrorRecord, device_failure
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python API)
@@ -67,46 +56,6 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (the TensorRT 10 Python
 
 log = logging.getLogger(__name__)
 Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class IoSpec:
-    name: str
-    is_input: bool
-    dtype: np.dtype
-
-
-@dataclass
-class _Buffers:
-    """One IO tensor's memory: pinned host memory, and device memory unless the device reads the host
-    memory in place (mapped, unified memory: `device` None)."""
-
-    spec: IoSpec
-    device: DeviceBuffer | None
-    host: PinnedBuffer
-
-    @property
-    def device_ptr(self) -> int:
-        if self.device is not None:
-            return self.device.ptr
-        assert isinstance(self.host, MappedBuffer)
-        return self.host.device_ptr
-
-    @classmethod
-    def allocate(cls, spec: IoSpec, nbytes: int, cudart: ModuleType, unified: bool) -> _Buffers:
-        if unified:
-            return cls(spec, None, MappedBuffer(nbytes, cudart))
-        device = DeviceBuffer(nbytes, cudart)
-        try:
-            return cls(spec, device, PinnedBuffer(nbytes, cudart))
-        except BaseException:
-            device.free()  # not held by anyone yet: nobody else would free it
-            raise
-
-    def free(self) -> None:
-        self.host.free()
-        if self.device is not None:
-            self.device.free()
 
 
 def _fits(shape: Shape, lo: Shape, hi: Shape) -> bool:
@@ -141,14 +90,12 @@ class ExecutionSlot:
         self.plan, self._rt, self._api, self._unified = plan, cudart, api, unified
         self._input = next(t for t in io if t.is_input)
         self._outputs = [t for t in io if not t.is_input]
-        self._buffers: list[_Buffers] = []
+        self._buffers: list[IoBuffers] = []
         self._input_ptr = 0  # where the input tensor's address points now
         self._events: list[Event] = []
         self.stream: Stream | None = None
         self.activations: DeviceBuffer | None = None  # the context's activation block (user-managed)
-        # Outputs of data-dependent shape: their memory, grown on TensorRT's request (None: none yet).
-        self._dynamic: dict[str, _Buffers | None] = {}
-        self._allocator: Any | None = None
+        self._dynamic: DynamicOutputs | None = None  # outputs of data-dependent shape, if any
         user_memory = False
         if api is not None:
             context, user_memory = api.create_context(engine, user_memory=True)
@@ -169,19 +116,12 @@ class ExecutionSlot:
             ]
             if user_memory:
                 assert api is not None
-                self._give_memory(api, engine, profiles)
+                self.activations = activation_block(api, engine, context, profiles, cudart)
             self.active = -1
             self._allocate()
         except BaseException:
             self.close()
             raise
-
-    def _give_memory(self, api: RuntimeCalls, engine: trt.ICudaEngine, profiles: list[int]) -> None:
-        """One activation block for this slot's context, sized for the profiles it owns."""
-        nbytes = api.context_memory_size(engine, profiles)
-        if nbytes > 0:  # TensorRT accepts no memory where it needs none
-            self.activations = DeviceBuffer(nbytes, self._rt)
-            api.set_context_memory(self.context, self.activations.ptr, nbytes)
 
     @staticmethod
     def _min_max(shapes: list[trt.Dims]) -> tuple[Shape, Shape]:
@@ -192,44 +132,26 @@ class ExecutionSlot:
         """Buffers for the largest shapes of this slot's profiles (outputs as the context shapes them);
         outputs of data-dependent shape get the output allocator instead."""
         largest: dict[str, int] = {}
+        dynamic: set[str] = set()
         for index, _lo, hi in self.profiles:
             self._select(index)
             self._set_input_shape(hi)
             shapes = {self._input.name: hi} | {o.name: self._output_shape(o) for o in self._outputs}
             for t in [self._input, *self._outputs]:
                 if any(d < 0 for d in shapes[t.name]):
-                    self._dynamic[t.name] = None
+                    dynamic.add(t.name)
                     continue
                 n = int(np.prod(shapes[t.name])) * t.dtype.itemsize
                 largest[t.name] = max(largest.get(t.name, 0), n)
-        if self._dynamic:
-            self._allocator = self._api.output_allocator(self._reallocate) if self._api else None
-            if self._allocator is None:
-                names = sorted(self._dynamic)
-                raise BackendError(
-                    f"{self.plan}: outputs {names} have a data-dependent shape and this TensorRT has no "
-                    "IOutputAllocator to receive them"
-                )
+        if dynamic:  # before any buffer: an engine this TensorRT cannot serve is refused first
+            specs = [t for t in self._outputs if t.name in dynamic]
+            self._dynamic = DynamicOutputs(self.plan, specs, self._api, self._rt, self._unified)
         for t in [self._input, *self._outputs]:
-            if t.name not in self._dynamic:
-                self._buffers.append(_Buffers.allocate(t, max(largest[t.name], 1), self._rt, self._unified))
-        for name in self._dynamic:
-            assert self._allocator is not None
-            if not self.context.set_output_allocator(name, self._allocator):
-                raise BackendError(f"{self.plan}: cannot set the output allocator of tensor {name!r}")
+            if t.name not in dynamic:
+                self._buffers.append(IoBuffers.allocate(t, max(largest[t.name], 1), self._rt, self._unified))
+        if self._dynamic is not None:
+            self._dynamic.attach(self.context)
         self._bind()
-
-    def _reallocate(self, name: str, nbytes: int) -> int:
-        """TensorRT asks, during execute_async_v3, for at least `nbytes` for output `name`: grow its
-        buffers (never shrink). The previous batch of this slot is finished (run() waits for it)."""
-        spec = next(t for t in self._outputs if t.name == name)
-        held = self._dynamic.get(name)
-        if held is None or held.host.nbytes < nbytes:
-            if held is not None:
-                self._dynamic[name] = None
-                held.free()
-            held = self._dynamic[name] = _Buffers.allocate(spec, max(int(nbytes), 1), self._rt, self._unified)
-        return held.device_ptr
 
     def _select(self, index: int) -> None:
         assert self.stream is not None
@@ -304,10 +226,9 @@ class ExecutionSlot:
                 self._bind_input(inp.device_ptr)
                 host_in = inp.host.view(inp.spec.dtype, shape)
                 np.copyto(host_in, batch, casting="same_kind")
-                if inp.device is not None:  # mapped memory (unified): the device reads it in place
-                    memcpy_async(self._rt, inp.device.ptr, inp.host.ptr, host_in.nbytes, True, self.stream)
-            if self._allocator is not None:
-                self._allocator.clear()
+                inp.to_device(self._rt, host_in.nbytes, self.stream)
+            if self._dynamic is not None:
+                self._dynamic.begin()
             start, end = self._events
             start.record(self.stream)
             if not self.context.execute_async_v3(self.stream.handle):
@@ -315,33 +236,15 @@ class ExecutionSlot:
             end.record(self.stream)
             views = {}
             for b in outs:
-                view = b.host.view(b.spec.dtype, self._output_shape(b.spec))
-                if b.device is not None:
-                    memcpy_async(self._rt, b.host.ptr, b.device.ptr, view.nbytes, False, self.stream)
-                views[b.spec.name] = view
+                views[b.spec.name] = view = b.host.view(b.spec.dtype, self._output_shape(b.spec))
+                b.to_host(self._rt, view.nbytes, self.stream)
             self.stream.synchronize()
             gpu_ms = end.ms_since(start)
-            views |= self._dynamic_outputs()
+            if self._dynamic is not None:
+                views |= self._dynamic.collect(self.stream)
         except CudaError as exc:
             raise BackendError(f"{self.plan}: {exc}") from exc
         return {name: v.copy() for name, v in views.items()}, gpu_ms
-
-    def _dynamic_outputs(self) -> dict[str, np.ndarray]:
-        """The data-dependent outputs of the batch that just finished, shaped as TensorRT notified."""
-        if not self._dynamic:
-            return {}
-        assert self.stream is not None and self._allocator is not None
-        views: dict[str, np.ndarray] = {}
-        for name, held in self._dynamic.items():
-            shape = self._allocator.shapes.get(name)
-            if shape is None or held is None:
-                raise BackendError(f"{self.plan}: TensorRT gave no shape or memory for output {name!r}")
-            views[name] = view = held.host.view(held.spec.dtype, shape)
-            if held.device is not None and view.nbytes:
-                memcpy_async(self._rt, held.host.ptr, held.device.ptr, view.nbytes, False, self.stream)
-        if any(h is not None and h.device is not None for h in self._dynamic.values()):
-            self.stream.synchronize()
-        return views
 
     def close(self) -> None:
         """Free in reverse order of allocation; the context goes last (TensorRT frees it on release)."""
@@ -351,10 +254,8 @@ class ExecutionSlot:
         for b in reversed(self._buffers):
             b.free()
         self._buffers = []
-        for name, held in list(self._dynamic.items()):
-            self._dynamic[name] = None
-            if held is not None:
-                held.free()
+        if self._dynamic is not None:
+            self._dynamic.free()
         for e in self._events:
             e.destroy()
         self._events = []
