@@ -147,21 +147,9 @@ def build(
     fp = fingerprint or probe_fingerprint(api, target_compute_capability=settings.target_compute_capability)
     with contextlib.nullcontext() if locked else store.lock(model, wait_s=lock_wait_s):
         _clean_stale(store, model)
-        reasons: list[str] = []
-        if not force:
-            result = check(store, model, settings, fp)
-            if result.ok:
-                assert result.plan_path is not None
-                return BuildResult(
-                    False,
-                    result.key,
-                    result.plan_path,
-                    result.manifest,
-                    0.0,
-                    f"engine {result.key} of model {model!r} is up to date; nothing to build "
-                    "(use force to rebuild)",
-                )
-            reasons = result.reasons
+        current, reasons = _check(store, model, settings, fp, force)
+        if current is not None:
+            return current
         spec = build_spec(settings, fp)
         stored, build_s = _build_and_store(
             store,
@@ -185,6 +173,21 @@ def build(
         f"built engine {spec.key} of model {model!r} in {build_s:.2f} s{why}",
         reasons,
     )
+
+
+def _check(
+    store: EngineStore, model: str, settings: BuildSettings, fp: Fingerprint, force: bool
+) -> tuple[BuildResult | None, list[str]]:
+    """The check step (under the lock): the "nothing to do" result where the stored engine fits, else
+    None and why it does not (compat.check's reasons; none when forced, which builds without asking)."""
+    if force:
+        return None, []
+    result = check(store, model, settings, fp)
+    if not result.ok:
+        return None, result.reasons
+    assert result.plan_path is not None  # check() names the plan of an engine that fits
+    message = f"engine {result.key} of model {model!r} is up to date; nothing to build (use force to rebuild)"
+    return BuildResult(False, result.key, result.plan_path, result.manifest, 0.0, message), []
 
 
 def _clean_stale(store: EngineStore, model: str) -> None:
