@@ -103,6 +103,10 @@ def test_same_version_again_is_the_same_folder_other_bytes_refused(tmp_path: Pat
         _install(store, "det", "v1", onnx=b"other bytes")
     assert (first / "model.onnx").read_bytes() == b"onnx of v1"
     assert [p.name for p in first.parent.iterdir()] == ["v1"]
+    (first / "labels.txt").write_bytes(b"damaged\n")  # a broken install is replaced by a good one
+    assert _install(store, "det", "v1") == first
+    assert (first / "labels.txt").read_bytes() == LABELS
+    assert [p.name for p in first.parent.iterdir()] == ["v1"]
 
 
 def test_corrupted_version_falls_back_to_previous_then_config(tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ class Staging:
         self.root = root
 
     def dir(self, model: str, version: str) -> Path:
-        """The version's staging folder, created (0700: URLs may be in partial downloads' names)."""
+        """The version's staging folder, created (0700: unverified artifacts are nobody else's business)."""
         d = self.root / check_name("model", model) / check_name("version", version)
         try:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -130,8 +130,8 @@ class VersionStore:
         incoming = parent / f"{INCOMING}{version}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             record = self._assemble(incoming, model, version, files, document)
-            if final.exists():
-                return self._existing(final, record)
+            if final.exists() and self._same_or_broken(final, record):
+                return final
             os.replace(incoming, final)
             fsync_dir(parent)
         except OSError as exc:
@@ -172,21 +172,21 @@ class VersionStore:
         fsync_tree(incoming)
         return record
 
-    def _existing(self, final: Path, record: dict[str, Any]) -> Path:
-        """Installing over an installed version: the same files -> it; a broken folder -> replaced (by the
-        caller's retry); other files -> refused."""
+    def _same_or_broken(self, final: Path, record: dict[str, Any]) -> bool:
+        """Installing over an installed version: the same files -> True (it stays); a broken folder (a file
+        changed or lost since) -> removed, False (the new one takes its place); other files -> refused."""
         problem = check_version(final)
         if problem is not None:
+            log.warning("%s is broken (%s): replaced by the new install", final, problem)
             remove_tree(final)
-            raise DeployError(f"{final} was broken ({problem}) and is removed; install again")
-        old = read_json(final / RECORD_FILE)
-        if old.get("files") != record["files"]:
+            return False
+        if read_json(final / RECORD_FILE).get("files") != record["files"]:
             raise DeployError(
                 f"{record['model']} {record['version']} is installed already with other files ({final}); "
                 "a new model needs a new version",
                 "version",
             )
-        return final
+        return True
 
     # ---- serving -----------------------------------------------------------------------------------
     def _serving_record(self, model: str) -> dict[str, Any]:
@@ -207,7 +207,8 @@ class VersionStore:
         return {"serving": serving, "previous": previous[:MAX_PREVIOUS], "broken": broken}
 
     def serving(self, model: str) -> str | None:
-        return self._serving_record(model)["serving"]  # type: ignore[no-any-return]
+        serving: str | None = self._serving_record(model)["serving"]
+        return serving
 
     def previous(self, model: str) -> list[str]:
         return list(self._serving_record(model)["previous"])
