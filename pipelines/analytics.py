@@ -80,6 +80,9 @@ class CameraAnalytics:
     ) -> Analysis:
         """One frame: detections with scores >= the tracker's low_score, ``t`` monotonic and ``ts`` wall
         clock of its capture, ``size`` (w, h) of the picture."""
+        times = self.tracker.admit(t, ts)  # NaN / infinite times repaired (pipelines.tracking: why)
+        if times is not None:
+            t, ts = times
         reset = None
         ended_first: list[Transition] = []
         ended_visits = None

@@ -21,7 +21,10 @@ Per frame (``update``), as ByteTrack (Zhang et al., ECCV 2022, github.com/ifzhan
    IoU >= 0.3; a tentative track that misses a frame is dropped (it never had an id on the wire);
 5. high-score detections still free, scoring at least ``new_score`` (ByteTrack: 0.1 above the tracking
    threshold), start tentative tracks; tracked tracks left unmatched become lost, and lost ones end
-   ``max_lost_s`` after their last match.
+   ``max_lost_s`` after their last match. A confirmed track unmatched for more than ``max_lost_s`` at this
+   frame's time (lost, or tracked before frames went missing) takes no part in step 2: it ends in this
+   frame, whatever it would have matched (issue 36: a new person walking into an old track's predicted box
+   got its id).
 Association is class-aware (a car never continues a person's track). Matching is greedy by IoU, best
 pair first. The three stages run as one greedy matching on IoU plus a stage bonus (2 for stage 2 pairs, 1
 for stage 3, 0 for stage 4), which takes every pair of an earlier stage before any of a later one: the
@@ -37,10 +40,17 @@ element-wise and gives exactly the full filter's result.
 
 Ids: per tracker, from 1, increasing for the tracker's life (``reset`` ends every track but never reuses
 an id). A track gets its id when confirmed.
+
+Frame times (``admit``): a NaN or infinite ``t`` or ``ts`` (a broken capture clock or container timestamp)
+is replaced by the last finite one plus the nominal frame interval (1/25 s), before either path runs: kept,
+it would become the last-match time of every track matched in that frame, and ``t - NaN > max_lost_s`` is
+never true, so those tracks would never end (no ``end``, no ``zone_leave``, counts stuck). A frame without
+any finite time before it (the tracker's first) is not tracked: its detections get no track.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -55,6 +65,7 @@ from pipelines.matching import greedy_match, optimal_match
 _STD_POS = 1.0 / 20.0
 _STD_VEL = 1.0 / 160.0
 _NOMINAL_FPS = 25.0  # the weights are per frame at this rate; other rates scale by the elapsed time
+_FRAME_S = 1.0 / _NOMINAL_FPS  # what a frame without a finite time is taken to follow the previous one by
 # Least IoU in the low-score and tentative stages (ByteTrack's 0.5 and 0.7 as costs 1 - IoU).
 _LOW_IOU = 0.5
 _TENTATIVE_IOU = 0.3
@@ -209,8 +220,11 @@ class Tracker:
     """
 
     def __init__(self, params: TrackerParams | None = None, first_id: int = 1, compiled: bool = True) -> None:
-        self._next_id = first_id
+        self._next_id = int(first_id)
         self._t: float | None = None
+        # The last finite frame times (``admit``); kept across ``reset``: they only stand in for bad ones.
+        self._last_t: float | None = None
+        self._last_ts: float | None = None
         self.table = np.zeros((ROWS, 0))
         # The compiled step (pipelines/kernels/tracking.pyx) where it was built; False: the numpy code.
         self._module = _kernel_module() if compiled else None
@@ -268,9 +282,26 @@ class Tracker:
         return np.concatenate((pos[0:2] - half, pos[0:2] + half)).T
 
     # ---- the step ---------------------------------------------------------------------------------
+    def admit(self, t: float, ts: float) -> tuple[float, float] | None:
+        """The frame times the tracker uses for (``t``, ``ts``): each NaN or infinite one replaced by the
+        last finite one plus 1/25 s (the module docstring says why); None when a bad one has no finite one
+        before it (the frame is not tracked). Idempotent for finite times (callers may check first)."""
+        t_ok, ts_ok = math.isfinite(t), math.isfinite(ts)
+        if (not t_ok and self._last_t is None) or (not ts_ok and self._last_ts is None):
+            return None
+        t = float(t) if t_ok else self._last_t + _FRAME_S  # type: ignore[operator]
+        ts = float(ts) if ts_ok else self._last_ts + _FRAME_S  # type: ignore[operator]
+        self._last_t, self._last_ts = t, ts
+        return t, ts
+
     def update(self, dets: Detections, t: float, ts: float, frame_id: int = 0) -> Step:
         """One frame: ``dets`` (scores >= low_score), ``t`` monotonic seconds (motion, ageing; increasing),
-        ``ts`` wall clock (first/last seen), ``frame_id`` (kept with the best detection)."""
+        ``ts`` wall clock (first/last seen), ``frame_id`` (kept with the best detection). Non-finite times
+        are repaired first (``admit``)."""
+        times = self.admit(t, ts)
+        if times is None:
+            return self._untracked(len(dets.scores))
+        t, ts = times
         p = self.params
         k = 0.0 if self._t is None else max(0.0, t - self._t) * _NOMINAL_FPS
         self._t = t
@@ -321,6 +352,13 @@ class Tracker:
             step.ids = np.zeros(n_det, np.int64)
         return step
 
+    def _untracked(self, n_det: int) -> Step:
+        """A frame the tracker cannot place in time: no detection joins or starts a track."""
+        step = Step(np.full(n_det, -1, np.intp))
+        step.ids = np.zeros(n_det, np.int64)
+        step.active = np.zeros(len(self), bool)
+        return step
+
     def reset(self, reason: str) -> Step:
         """End every track now (a camera reconnect, a frame gap, a reconfiguration); ids keep counting."""
         tab = self.table
@@ -368,6 +406,9 @@ class Tracker:
         hi_det = high.astype(np.intp)
         need = self._stage_iou[state, hi_det]
         need[tab[CLS][:, None] != cls] = _NEVER
+        # Confirmed tracks unmatched for longer than max_lost_s at this frame's time end in it: they match
+        # nothing (the module docstring). Tentative ones left at their first miss.
+        need[(tab[STATE] != TENTATIVE) & ((self._t - tab[LAST_T]) > self.params.max_lost_s)] = _NEVER
         ok = iou >= need
         if self.params.match == "optimal":
             return self._associate_optimal(iou, ok, state[:, 0], hi_det)
@@ -440,7 +481,7 @@ class Tracker:
         if n_confirm:
             # Ids in track order (older tracks first): ``rows`` is sorted.
             g[ID, confirm] = np.arange(self._next_id, self._next_id + n_confirm)
-            self._next_id += n_confirm
+            self._next_id += int(n_confirm)
             step.confirmed = rows[confirm]
         improved = g[SCORE] > g[BEST_SCORE]
         if np.count_nonzero(improved):
@@ -481,7 +522,7 @@ class Tracker:
         if self.params.min_hits <= 1:  # confirmed at once
             new[STATE] = TRACKED
             new[ID] = np.arange(self._next_id, self._next_id + n)
-            self._next_id += n
+            self._next_id += int(n)
             step.confirmed = np.concatenate((step.confirmed, added))
         self.table = np.concatenate((self.table, new), axis=1)
         step.det_rows[dets] = added

@@ -188,10 +188,16 @@ def test_a_gap_and_a_reconfiguration_give_the_same_results() -> None:
 
 def _random_frames(rng: np.random.Generator, n: int) -> list[tuple[Detections, float]]:
     """Frames a fuzzer could produce: clusters of identical boxes (IoU ties), zero-size and inverted boxes,
-    NaN and infinite coordinates and scores, class ids beyond the labels and negative."""
+    NaN and infinite coordinates and scores, class ids beyond the labels and negative; NaN and infinite
+    frame times (the first frame's too: nothing to stand in for it) and jumps past max_lost_s (tracks
+    that end before matching)."""
     frames = []
     base = rng.uniform(0, 1200, (12, 2))
+    t = 0.0
     for i in range(n):
+        t += 1.6 if rng.random() < 0.03 else 0.04
+        bad = rng.random() < 0.05 or (i == 0 and rng.random() < 0.5)
+        ft = float(rng.choice([np.nan, np.inf, -np.inf])) if bad else t
         k = int(rng.integers(0, 14))
         xy = base[rng.integers(0, len(base), k)] + rng.normal(0, 4, (k, 2))
         wh = rng.uniform(0, 160, (k, 2))
@@ -209,7 +215,7 @@ def _random_frames(rng: np.random.Generator, n: int) -> list[tuple[Detections, f
         frames.append(
             (
                 Detections(boxes.astype(np.float32), scores.astype(np.float32), classes.astype(np.int32)),
-                i * 0.04,
+                ft,
             )
         )
     return frames

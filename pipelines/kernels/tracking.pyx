@@ -10,6 +10,7 @@ rows, checked against ``LAYOUT`` when the tracker loads this module.
 import numpy as np
 
 cimport numpy as cnp
+from libc.math cimport isfinite
 from libc.stdlib cimport free, malloc, qsort
 
 cnp.import_array()
@@ -95,9 +96,11 @@ cdef int _before(const void* a, const void* b) noexcept nogil:
 
 cdef Py_ssize_t _pairs(double[:, ::1] tab, const double* cur, Py_ssize_t m, const int[:] cls,
                        double high_score, double stage_iou[3][2], double stage_bonus[3][2],
-                       Pair* pairs) noexcept nogil:
+                       double t, double max_age[3], Pair* pairs) noexcept nogil:
     """The pairs a stage allows: IoU of the predicted track with the detection at least the stage's (same
-    class), scored IoU plus the stage bonus (pipelines.tracking.Tracker._associate). Returns their number."""
+    class), scored IoU plus the stage bonus (pipelines.tracking.Tracker._associate); tracks past their age
+    at ``t`` have none (confirmed ones unmatched longer than max_lost_s: they end in this frame). Returns
+    their number."""
     cdef Py_ssize_t n = tab.shape[1], i, j, k = 0
     cdef double hx, hy, lx, ly, area, iw, ih, inter, union, v
     cdef const double* x1 = cur
@@ -115,6 +118,8 @@ cdef Py_ssize_t _pairs(double[:, ::1] tab, const double* cur, Py_ssize_t m, cons
         hy = tab[1, i] + hy
         area = tab[2, i] * tab[3, i]
         st = <int>tab[R_STATE, i]
+        if st != 0 and (t - tab[R_LAST_T, i]) > max_age[2]:
+            continue  # confirmed and unmatched longer than max_lost_s: ends in this frame
         for j in range(m):
             if tab[R_CLS, i] != <double>cls[j]:
                 continue
@@ -245,6 +250,9 @@ cdef class Kernel:
         cdef Py_ssize_t n = tab.shape[1], m = scores.shape[0]
         if tab.shape[0] != ROWS:
             raise ValueError(f"table: {tab.shape[0]} rows, the layout has {ROWS}")
+        if not (isfinite(t) and isfinite(ts) and isfinite(k)):
+            # A NaN last-match time never ages out (pipelines.tracking.Tracker.admit repairs them first).
+            raise ValueError(f"frame times must be finite, got t={t}, ts={ts}, k={k}")
         if boxes.shape[0] != m or cls.shape[0] != m or (m and boxes.shape[1] != 4):
             raise ValueError(f"detections: {boxes.shape[0]} boxes of {boxes.shape[1]}, {m} scores, "
                              f"{cls.shape[0]} classes")
@@ -294,7 +302,8 @@ cdef class Kernel:
             if k > 0.0:
                 _predict(tab, n, k, self.c_pos, self.c_ratio)
             if m:
-                p = _pairs(tab, cur, m, cls, self.high_score, self.stage_iou, self.stage_bonus, pairs)
+                p = _pairs(tab, cur, m, cls, self.high_score, self.stage_iou, self.stage_bonus, t,
+                           self.max_age, pairs)
                 n_match = _greedy(pairs, p, n, m, row_col, col_row)
             for i in range(n):
                 if tab[R_STATE, i] == TRACKED:
