@@ -19,6 +19,7 @@ from agent.config.analytics import (
     ZoneConfig,
 )
 from agent.config.camera import CameraConfig, SnapshotConfig
+from agent.config.deploy import DeployConfig
 from agent.config.env import MAX_DEPTH, MAX_NODES
 from agent.config.errors import ConfigError
 from agent.config.files import file_problem
@@ -59,6 +60,7 @@ __all__ = [
     "CameraConfig",
     "ConfigError",
     "ConfigPath",
+    "DeployConfig",
     "EngineConfig",
     "EventSnapshotConfig",
     "EventsConfig",

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent.config.deploy import deploy_file_problems
 from agent.config.env import expand_env
 from agent.config.errors import ConfigError
 from agent.config.messages import format_errors, joined
@@ -45,7 +46,7 @@ def _parse(
         raise ConfigError(joined(problems, source))
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
-    problems = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt)]
+    problems = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
     if problems:
         raise ConfigError(joined(problems, source))
     return cfg
@@ -81,6 +82,7 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
         files = {key: rel(getattr(tls, key)) for key in ("ca_file", "cert_file", "key_file")}
         mqtt_update["tls"] = tls.model_copy(update=files)
     update["mqtt"] = cfg.mqtt.model_copy(update=mqtt_update)
+    update["deploy"] = cfg.deploy.resolved(rel)
     return cfg.model_copy(update=update)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from agent.config.camera import CameraConfig, analytics_problems
+from agent.config.deploy import DeployConfig
 from agent.config.errors import show
 from agent.config.impact import Impact
 from agent.config.model import ModelConfig, dla_problems
@@ -60,6 +61,8 @@ class AgentConfig(StrictModel):
     log_level: Annotated[Literal["debug", "info", "warning", "error"], Impact.LIVE] = "info"
     # The number of processes and their GPUs: fixed while running.
     pipeline: Annotated[PipelineConfig, Impact.AGENT] = PipelineConfig()
+    # Model deployments (agent.deploy); each key declares its own class (agent.config.deploy).
+    deploy: DeployConfig = DeployConfig()
 
     @field_validator("device_id")
     @classmethod

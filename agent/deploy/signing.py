@@ -157,6 +157,16 @@ def load_public_key(path: Path, key_id: str | None = None) -> Ed25519PublicKey:
     return key
 
 
+def public_key_problem(path: Path) -> str | None:
+    """Why `path` is not a readable PEM ed25519 public key ('no such file', 'not a PEM public key', ...),
+    or None: the config checks its trusted keys with this at load."""
+    try:
+        load_public_key(path)
+    except SignatureError as exc:
+        return exc.reason.removeprefix(f"public key {path}: ")
+    return None
+
+
 # ---- signatures -------------------------------------------------------------------------------------------
 def sign_document(
     doc: Mapping[str, Any], private_key: Path | Ed25519PrivateKey, key_id: str
