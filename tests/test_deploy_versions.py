@@ -13,7 +13,8 @@ import pytest
 import agent.deploy.staging as staging
 from agent.config import ModelConfig
 from agent.deploy.errors import DeployError, VerifyError
-from agent.deploy.versions import VersionStore, effective_model
+from agent.deploy.version_files import effective_model
+from agent.deploy.versions import VersionStore
 from engines.manifest import Manifest, manifest_from_dict
 from engines.store import EngineStore
 

@@ -15,12 +15,12 @@ pruning (with their engines).
 A version folder is complete or absent: it is assembled under `.incoming-*` beside its final place (hard
 links to the staged files, document.json, record.json with the sha256 and size of every file), fsynced, and
 renamed into place in one os.replace. serving.json is replaced atomically. A version is never modified
-after install; `record.json` is what `resolve_at_start` checks it against.
+after install; `record.json` is what `resolve_at_start` checks it against. What a version folder holds, its
+check and the model config that serves it (`effective_model`): agent.deploy.version_files.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import secrets
@@ -30,39 +30,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ModelConfig
-from agent.deploy.errors import DeployError, VerifyError
+from agent.deploy.errors import DeployError
 from agent.deploy.staging import (
     INCOMING,
     Staging,
     atomic_write_json,
     check_name,
-    files_under,
-    fsync_tree,
     os_reason,
-    place_file,
     read_json,
     remove_leftovers,
     remove_tree,
     staged_files,
 )
 from agent.deploy.version_engines import delete_engines_of
+from agent.deploy.version_files import (
+    ONNX_FILE,
+    RECORD_FILE,
+    SERVING_FILE,
+    assemble,
+    check_version,
+)
 from engines.store.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 
-RECORD_SCHEMA = "edge-agent/model-version/1"
 MAX_PREVIOUS = 16  # serving.json's previous list: enough for any keep_versions, bounded for a hostile file
-ONNX_FILE, LABELS_FILE, CALIBRATION_DIR = "model.onnx", "labels.txt", "calibration"
-DOCUMENT_FILE, RECORD_FILE, SERVING_FILE = "document.json", "record.json", "serving.json"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -129,7 +121,7 @@ class VersionStore:
             raise DeployError(f"cannot create {parent}: {os_reason(exc)}") from None
         incoming = parent / f"{INCOMING}{version}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            record = self._assemble(incoming, model, version, files, document)
+            record = assemble(incoming, model, version, files, document)
             if final.exists() and self._same_or_broken(final, record):
                 return final
             os.replace(incoming, final)
@@ -141,36 +133,6 @@ class VersionStore:
                 remove_tree(incoming)
         log.info("model %s: version %s installed in %s", model, version, final)
         return final
-
-    def _assemble(
-        self, incoming: Path, model: str, version: str, files: dict[str, Path], document: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        incoming.mkdir(mode=0o755)
-        for name, src in files.items():
-            if name == CALIBRATION_DIR:
-                (incoming / name).mkdir()
-                tree = list(files_under(src)) if src.is_dir() else [(src.name, src)]
-                for rel, p in tree:
-                    (incoming / name / rel).parent.mkdir(parents=True, exist_ok=True)
-                    place_file(p, incoming / name / rel)
-            else:
-                if src.is_symlink() or not src.is_file():
-                    raise DeployError(f"staged artifact {src} is not a regular file")
-                place_file(src, incoming / name)
-        sums = {rel: (sha256_of(p), p.stat().st_size) for rel, p in files_under(incoming)}
-        _check_document_sums(document, sums)
-        record = {
-            "schema": RECORD_SCHEMA,
-            "model": model,
-            "version": version,
-            "format": document.get("format"),
-            "installed": time.time(),
-            "files": {rel: {"sha256": s, "size": n} for rel, (s, n) in sums.items()},
-        }
-        atomic_write_json(incoming / DOCUMENT_FILE, dict(document))
-        atomic_write_json(incoming / RECORD_FILE, record)
-        fsync_tree(incoming)
-        return record
 
     def _same_or_broken(self, final: Path, record: dict[str, Any]) -> bool:
         """Installing over an installed version: the same files -> True (it stays); a broken folder (a file
@@ -395,85 +357,6 @@ class VersionStore:
                     notes.extend(delete_engines_of(Path(engine_dir), model, sha))
         remove_tree(folder)
         log.info("model %s: version %s deleted", model, version)
-
-
-def check_version(folder: Path) -> str | None:
-    """Why the installed version in `folder` cannot serve (a file missing, changed, or its record
-    unreadable), or None when every file has its recorded sha256 and size."""
-    try:
-        files = read_json(folder / RECORD_FILE)["files"]
-        expected = {str(rel): (str(v["sha256"]), int(v["size"])) for rel, v in files.items()}
-    except DeployError as exc:
-        return exc.reason
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return f"{folder / RECORD_FILE} is not a version record"
-    for required in (ONNX_FILE, LABELS_FILE):
-        if required not in expected:
-            return f"{folder / RECORD_FILE} lists no {required}"
-    for rel, (sha, size) in expected.items():
-        p = folder / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            return f"{folder / RECORD_FILE} names a file outside the version: {rel!r}"
-        try:
-            if p.is_symlink() or not p.is_file():
-                return f"{p} is missing"
-            if p.stat().st_size != size:
-                return f"{p} has {p.stat().st_size} bytes, its record says {size}"
-            if sha256_of(p) != sha:
-                return f"{p}: sha256 differs from its record"
-        except OSError as exc:
-            return f"{p}: {os_reason(exc)}"
-    return None
-
-
-def effective_model(cfg_model: ModelConfig, version_dir: Path, precision: str | None = None) -> ModelConfig:
-    """The config's model section serving the installed version in `version_dir`: its ONNX, labels and
-    format; a calibration folder of the version becomes the INT8 calibration set. Every other setting is
-    the config's (precision unless `precision` is given); a prebuilt `engine_file` was made for the
-    config's ONNX, so it is dropped."""
-    record = read_json(version_dir / RECORD_FILE)
-    update: dict[str, Any] = {
-        "onnx": str(version_dir / ONNX_FILE),
-        "labels": str(version_dir / LABELS_FILE),
-        "engine_file": None,
-    }
-    fmt = record.get("format") if isinstance(record, dict) else None
-    if isinstance(fmt, str):
-        update["format"] = fmt
-    if precision is not None:
-        update["precision"] = precision
-    calib = version_dir / CALIBRATION_DIR
-    if calib.is_dir() and any(calib.iterdir()):
-        update["calibration"] = {
-            **cfg_model.calibration.model_dump(),
-            "source": "folder",
-            "folder": str(calib),
-        }
-    data = {**cfg_model.model_dump(exclude_unset=False), **update}
-    try:
-        return ModelConfig.model_validate(data)
-    except ValueError as exc:
-        raise VerifyError(f"{version_dir}: the config's model cannot serve it: {exc}"[:400]) from None
-
-
-def _check_document_sums(document: Mapping[str, Any], sums: Mapping[str, tuple[str, int]]) -> None:
-    """The installed files are the ones the document names (its sha256 and size, where it gives them)."""
-    artifacts = document.get("artifacts")
-    if not isinstance(artifacts, Mapping):
-        return
-    for key, name in (("onnx", ONNX_FILE), ("labels", LABELS_FILE)):
-        art = artifacts.get(key)
-        if not isinstance(art, Mapping) or name not in sums:
-            continue
-        sha, size = sums[name]
-        if "sha256" in art and art["sha256"] != sha:
-            raise VerifyError(
-                f"{key}: sha256 {sha} is not the document's {art['sha256']}", f"artifacts.{key}.sha256"
-            )
-        if "size" in art and art["size"] != size:
-            raise VerifyError(
-                f"{key}: {size} bytes, the document says {art['size']}", f"artifacts.{key}.size"
-            )
 
 
 def _is_name(text: str) -> bool:
