@@ -9,6 +9,8 @@ The flow, one module per step:
     staging    the deployment folder's names, staging area and crash-safe writes
     verify     the ONNX and labels against the document and the model format's adapter
     versions   the installed versions of a model, the one serving, rollback and pruning
+               (version_files: a version folder's files, record and check, effective_model;
+               version_engines: the engines of a pruned version, deleted through the engine store)
     errors     DeployError (one line safe to publish) and its kinds
 
 A document is parsed and its signature verified before anything is fetched; then download -> verify ->
