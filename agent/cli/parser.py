@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agent import __version__
-from agent.cli import bench, fleet, install, lifecycle, serve
+from agent.cli import bench, fleet, install, keys, lifecycle, models, serve
 from agent.cli.engines import parsers as engines
 
 
@@ -22,4 +22,6 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_parsers(sub)  # fleet status
     bench.add_parsers(sub)
     engines.add_parsers(sub)  # `build` and `engines list|show|rollback|prune` (no agent.yaml)
+    keys.add_parsers(sub)  # keys generate
+    models.add_parsers(sub)  # models sign|verify (deployment documents)
     return p
