@@ -19,6 +19,7 @@ from agent.config import AgentConfig, ModelConfig
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.model import ModelContext
+from agent.lifecycle.roles import DEVICE, ShardRole
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandRouter, SnapshotRequest
 from agent.mqtt.topics import Topics, payload
@@ -84,7 +85,7 @@ class Agent(DeviceOwner):
             self.pipeline.swap_backend,
             __version__,
             frames_for=self.sinks.taps.get,
-            delegate=None if shard is None else shard.request_rebuild,
+            role=DEVICE if shard is None else ShardRole(shard.request_rebuild),
         )
 
     # ---- the parts' state, by name -----------------------------------------------------------------

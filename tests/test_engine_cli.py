@@ -256,21 +256,21 @@ def test_progress_on_a_terminal_is_a_bar_per_frame() -> None:
 
 
 def test_daemon_logs_a_capture_once_and_each_gate_phase_once(caplog) -> None:
-    from agent.lifecycle.manager import EngineManager, ModelEngine
+    from agent.lifecycle.builds import publish_progress
+    from agent.lifecycle.state import ModelEngine, StateBoard
 
     published: list[dict] = []
-    mgr = EngineManager.__new__(EngineManager)
-    mgr._publish = lambda name, state: published.append(state)  # type: ignore[attr-defined]
+    board = StateBoard(lambda name, state: published.append(state))
     target = SimpleNamespace(fingerprint=SimpleNamespace(manifest_dict=lambda: {}))
     me = ModelEngine(ctx=SimpleNamespace(name="det"), target=target)  # type: ignore[arg-type]
     me.state.update(state="building")
     caplog.set_level(logging.DEBUG, logger="agent.lifecycle.manager")
     for n in range(1, 41):
         me.last_progress_pub = 0.0  # as if half a second passed between frames
-        mgr._on_event(me, Progress("capture frames", n, 40))
+        publish_progress(board, me, Progress("capture frames", n, 40))
     for n in range(21):
         me.last_progress_pub = 0.0
-        mgr._on_event(me, Progress("accuracy gate fp16: candidate", n, 20))
+        publish_progress(board, me, Progress("accuracy gate fp16: candidate", n, 20))
     info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert info == ["model det: accuracy gate fp16: candidate 0/20"], info
     assert len(published) == 61 and published[-1]["progress"] == {

@@ -96,6 +96,7 @@ def test_the_engine_manager_serves_an_engine_file_or_says_why_not(tmp_path: Path
     from agent.lifecycle.job import resolved_settings
     from agent.lifecycle.manager import EngineManager
     from agent.lifecycle.model import ModelContext
+    from agent.lifecycle.roles import SupervisorRole
     from agent.lifecycle.serving import EngineTarget
 
     api = TrtApi(fake_tensorrt.make("10.3.0"))
@@ -118,8 +119,9 @@ def test_the_engine_manager_serves_an_engine_file_or_says_why_not(tmp_path: Path
         target = EngineTarget(api, gpu_fp(api, gpu, "8.7" if gpu == "Orin" else "10.1"))
         monkeypatch.setattr("agent.lifecycle.manager.engine_target", lambda _ctx, target=target: target)
         cfg = load_config(config(gpu, engine_file=str(m.path)))
-        mgr = EngineManager(cfg, lambda _m, f: states.append(dict(f)), lambda *_: None, "t", serve=False)
-        mgr.open("det")
+        role = SupervisorRole()
+        mgr = EngineManager(cfg, lambda _m, f: states.append(dict(f)), lambda *_: None, "t", role=role)
+        mgr.check("det")
         assert states[-1]["state"] == want, states[-1]
         if want == "ready":
             assert states[-1]["key"] == m.path.stem

@@ -186,7 +186,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     target = EngineTarget(api, d.fp)
     monkeypatch.setattr("agent.lifecycle.manager.engine_target", lambda _ctx: target)
     monkeypatch.setattr("agent.lifecycle.commands.engine_target", lambda _ctx: target)
-    monkeypatch.setattr("agent.lifecycle.builds.start_job", d.start_job)
+    monkeypatch.setattr("agent.lifecycle.runner.start_job", d.start_job)
     cudart = FakeCudart()
     monkeypatch.setattr("engines.runtimes.slots.import_cudart", lambda: cudart)
     yield d

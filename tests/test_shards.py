@@ -17,6 +17,7 @@ from agent.bench.load import RunSpec
 from agent.bench.shards import merge, split
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.lifecycle.manager import EngineManager
+from agent.lifecycle.roles import ShardRole
 from agent.reload import plan_reload
 from agent.shards.placement import DEFAULT_FPS, LOAD_PER_SHARD, camera_load, place, shard_count
 from agent.telemetry import StageWindow
@@ -485,13 +486,8 @@ def test_engine_manager_delegates_rebuilds(tmp_path: Any, monkeypatch: pytest.Mo
 
     published: list[tuple] = []
     manager = EngineManager(
-        cfg, lambda m, f: published.append((m, f)), lambda _m, _b: None, "test", delegate=delegate
+        cfg, lambda m, f: published.append((m, f)), lambda _m, _b: None, "test", role=ShardRole(delegate)
     )
-
-    def no_job(*_: Any) -> None:
-        raise AssertionError("a shard's manager must not start a job")
-
-    monkeypatch.setattr(manager, "_run_job", no_job)
     threads = set(threading.enumerate())
     assert manager.rebuild("det", force=True, precision="fp16", reasons=["plan refused"]) is True
     answer["value"] = False  # already under way at the supervisor

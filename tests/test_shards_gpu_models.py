@@ -7,15 +7,18 @@ the real code's."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fixtures_agent import wait_until
 
 from agent.config import AgentConfig, parse_config
-from agent.lifecycle import builds as builds_mod
 from agent.lifecycle import manager as manager_mod
+from agent.lifecycle import runner as runner_mod
 from agent.lifecycle.manager import EngineManager
-from agent.lifecycle.serving import OrtOnly
+from agent.lifecycle.roles import SupervisorRole
+from agent.lifecycle.serving import EngineTarget, OrtOnly
 from agent.shards import engines as shard_engines
 from agent.shards.engines import gpu_models
 from agent.shards.placement import place
@@ -73,8 +76,10 @@ def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
 ) -> None:
     agent = ShardedAgent(cfg_of([0, 1, 2]))
     assert sorted(agent.managers, key=str) == ["NVIDIA A2, sm 8.6", "NVIDIA L4, sm 8.9"]
-    assert agent.managers["NVIDIA L4, sm 8.9"]._gpu == 0  # the first GPU of the model
-    assert agent.managers["NVIDIA A2, sm 8.6"]._gpu == 1
+    l4, a2 = agent.managers["NVIDIA L4, sm 8.9"].role, agent.managers["NVIDIA A2, sm 8.6"].role
+    assert isinstance(l4, SupervisorRole) and isinstance(a2, SupervisorRole)
+    assert l4.gpu == 0 and a2.gpu == 1  # the first GPU of the model
+    assert l4.build_gate is not None and l4.build_gate is a2.build_gate  # one build at a time
     assert agent.engines is agent.managers["NVIDIA L4, sm 8.9"]  # shard 0's GPU model
     asked: list[tuple[str | None, str]] = []
     for label, mgr in agent.managers.items():
@@ -125,10 +130,10 @@ def test_a_lifecycle_of_one_gpu_fingerprints_and_builds_on_it(
         return OrtOnly("fake: no TensorRT")
 
     monkeypatch.setattr(manager_mod, "engine_target", fake_engine_target)
-    mgr = EngineManager(
-        cfg, lambda *_: None, lambda *_: None, "test", serve=False, gpu=1, build_gate=threading.Lock()
-    )
-    mgr.open("m")
+    role = SupervisorRole(gpu=1, build_gate=threading.Lock())
+    states: list[dict[str, Any]] = []
+    mgr = EngineManager(cfg, lambda _m, s: states.append(s), lambda *_: None, "test", role=role)
+    mgr.check("m")
     assert seen["gpu_index"] == 1
 
     class FakeJob:
@@ -139,9 +144,16 @@ def test_a_lifecycle_of_one_gpu_fingerprints_and_builds_on_it(
         seen["env"] = env
         return FakeJob()
 
-    monkeypatch.setattr(builds_mod, "start_job", fake_start_job)
-    me = manager_mod.ModelEngine.__new__(manager_mod.ModelEngine)
-    me.lock = threading.Lock()
-    me.job = None
-    mgr._run_child(me, object())  # type: ignore[arg-type]
+    monkeypatch.setattr(runner_mod, "start_job", fake_start_job)
+    # A model with an engine to make (an fp32 job needs no frames), as open() registers one on a GPU box.
+    caps = SimpleNamespace(precisions=lambda: ["fp32"], strongly_typed=True)
+    fp = SimpleNamespace(manifest_dict=lambda: {"gpu": "fake"})
+    ctx = SimpleNamespace(name="m", cfg=SimpleNamespace(precision="fp32"))
+    me = manager_mod.ModelEngine(ctx, EngineTarget(caps, fp))  # type: ignore[arg-type]
+    me.state.update(state="fallback")
+    mgr._models["m"] = me
+    assert mgr.rebuild("m")
+    assert wait_until(lambda: bool(states) and states[-1]["state"] == "failed")
     assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert states[-1]["error"] == "fake"
+    mgr.close()

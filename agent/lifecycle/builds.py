@@ -1,114 +1,87 @@
-"""The engine manager's jobs: one per model at a time, in a child process, frames captured first.
+"""The daemon's engine jobs: one per model at a time, each on its own thread, through the JobRunner.
 
-    manager.rebuild("det", force=True)        # False when one is already under way
+    builds = Builds(runner, board, adopt, listing)
+    builds.rebuild(me, force=True)        # False when one is already under way
 
-A job runs on its own thread: the model's build lock is taken (a sibling manager's, of another GPU
-model, is waited for), the frames the gate (and INT8) need are taken from the model's running pipeline
-(FrameTap) or its folder, then agent.lifecycle.job runs in a child holding the lock with us. Its
-progress is published at most twice a second; its engine is adopted by agent.lifecycle.swap.
+A job is the runner's walk (agent.lifecycle.runner: lock, frames, request, child, events) with the
+daemon's frames (PipelineFrames: from the model's running pipeline, never a second camera session, or
+its folder). Its progress is published at most twice a second; the engine it made is adopted
+(agent.lifecycle.swap); a failure leaves the model `failed` on the backend serving it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agent.config import AgentConfig
 from agent.lifecycle.calibration import CalibrationError, FrameTap, frames_to_capture
 from agent.lifecycle.capture import capture_calibration_set, capture_from_frames
-from agent.lifecycle.job import JobRequest, JobResult, job_command, start_job
-from agent.lifecycle.state import ModelEngine
-from engines.buildproc import Event, Progress
-from engines.errors import BuildLockedError, EngineError
-from engines.plan import needs_calibration_frames, needs_gate, plan_steps
+from agent.lifecycle.job import JobResult
+from agent.lifecycle.model import ModelContext
+from agent.lifecycle.runner import Emit, JobRunner, LockUnavailable
+from agent.lifecycle.state import ModelEngine, StateBoard
+from engines.buildproc import ChildProcess, Event, Progress
 from engines.precision import Precision
-from engines.store.lock import BuildLock
-
-if TYPE_CHECKING:
-    from agent.config import AgentConfig
-    from engines.store import EngineStore
 
 # The daemon's log names the engine manager for every line of its lifecycle, jobs included.
 log = logging.getLogger("agent.lifecycle.manager")
 
-Delegate = Callable[[str, bool, "Precision | None", "list[str] | None"], bool]  # rebuild(name, force, ...)
 
-
-class Jobs:
-    """EngineManager's job side. A mixin: the attributes below are EngineManager's, and so are `_set`
-    (publish) and the swap side's `_adopt` and `_listing` it calls."""
-
-    cfg: AgentConfig
-    _models: dict[str, ModelEngine]
-    _stop: threading.Event
-    _delegate: Delegate | None
-    _build_gate: threading.Lock | None
-    _gpu: int | None
-    _version: str
-    _frames_for: Callable[[str], FrameTap | None]
-
-    if TYPE_CHECKING:
-
-        @property
-        def store(self) -> EngineStore: ...
-        def _set(self, me: ModelEngine, **fields: Any) -> None: ...
-        def _adopt(self, me: ModelEngine, key: str) -> None: ...
-        def _listing(self, name: str) -> tuple: ...
+class Builds:
+    def __init__(
+        self,
+        runner: JobRunner,
+        board: StateBoard,
+        adopt: Callable[[ModelEngine, str], None],
+        listing: Callable[[str], tuple],
+    ) -> None:
+        self._runner, self._board, self._adopt, self._listing = runner, board, adopt, listing
 
     def rebuild(
-        self,
-        name: str,
-        force: bool = False,
-        precision: Precision | None = None,
-        reasons: list[str] | None = None,
+        self, me: ModelEngine, force: bool, precision: Precision | None, reasons: list[str] | None
     ) -> bool:
-        """Start a job for `name` in the background; False when one is already under way. `reasons`: why,
+        """Start a job for `me` in the background; False when one is already under way. `reasons`: why,
         for the published state (kept from before when None)."""
-        if self._delegate is not None:  # a shard: the supervisor's manager builds (once, for every shard)
-            return self._delegate(name, force, precision, reasons)
-        me = self._models[name]
         if me.retired:
             return False
         requested = precision or me.ctx.cfg.precision
         with me.lock:
-            if me.busy or self._stop.is_set():
+            if me.busy or self._runner.stop.is_set():
                 return False
             me.busy = True
             me.requested = requested
             me.phases_logged = set()
         why = {} if reasons is None else {"reasons": reasons}
-        self._set(me, state="building", progress=None, error=None, **why)
-        request = JobRequest(me.ctx, requested, force, 0.0, self._version)
-        threading.Thread(target=self._run_job, args=(me, request), name=f"job-{name}", daemon=True).start()
+        self._board.set(me, state="building", progress=None, error=None, **why)
+        args = (me, requested, force)
+        threading.Thread(target=self._run, args=args, name=f"job-{me.name}", daemon=True).start()
         return True
 
-    def _run_job(self, me: ModelEngine, request: JobRequest) -> None:
+    def _run(self, me: ModelEngine, requested: Precision, force: bool) -> None:
         try:
-            result = self._job(me, request)
+            result = self._job(me, requested, force)
         except Exception as exc:  # never leave the model `building` forever
             log.exception("model %s: engine job failed", me.name)
-            result = JobResult.failed(request.precision, str(exc), type(exc).__name__)
+            result = JobResult.failed(requested, str(exc), type(exc).__name__)
         finally:
             with me.lock:
                 me.job, me.busy = None, False
                 me.seen = self._listing(me.name)
-        if self._stop.is_set() or me.retired:
+        if self._runner.stop.is_set() or me.retired:
             return
         if not result.ok:
             log.error(
-                "model %s: engine job failed: %s (still serving %s)",
-                me.name,
-                result.error,
-                me.state.backend,
+                "model %s: engine job failed: %s (still serving %s)", me.name, result.error, me.state.backend
             )
-            self._set(me, state="failed", error=result.error or "job failed", progress=None)
+            self._board.set(me, state="failed", error=result.error or "job failed", progress=None)
             return
         log.info("model %s: %s", me.name, result.message)
-        self._set(
+        self._board.set(
             me,
             build_s=result.build_s if result.built else me.state.build_s,
             reasons=result.reasons or me.state.reasons,
@@ -120,108 +93,92 @@ class Jobs:
         if result.key is not None:
             self._adopt(me, result.key)
 
-    def _job(self, me: ModelEngine, request: JobRequest) -> JobResult:
-        """The whole job under the model's build lock: frames, gate and build (the child inherits it). A
-        lock held by another process (`edge-agent rebuild`) fails the job at once, naming the holder; one
-        held by this process (the manager of another GPU model building the same model) is waited for."""
+    def _job(self, me: ModelEngine, requested: Precision, force: bool) -> JobResult:
+        """A lock held by another process (`edge-agent rebuild`) fails the job at once, naming the holder."""
+        on_event = functools.partial(publish_progress, self._board, me)
         try:
-            lock = self._lock(me, request.precision)
-        except EngineError as exc:
-            return JobResult.failed(request.precision, f"model {me.name!r}: {exc}", type(exc).__name__)
-        with lock:
-            steps = plan_steps(request.precision, me.target.api)
-            if needs_gate(steps):
-                self._ensure_frames(me, calibration=needs_calibration_frames(steps))
-            if self._stop.is_set():
-                return JobResult.failed(request.precision, "stopped", "Stopped")
-            request = replace(request, lock_fd=lock.fd)
-            if self._build_gate is None:
-                return self._run_child(me, request)
-            with self._build_gate:  # another GPU model's build first (builds run one at a time)
-                return self._run_child(me, request)
-
-    def _lock(self, me: ModelEngine, precision: Precision) -> BuildLock:
-        command = job_command(me.name, precision)
-        try:
-            lock = self.store.lock(me.name, wait_s=0, command=command)
-            lock.acquire()
-        except BuildLockedError as exc:
-            if exc.pid != os.getpid():
-                raise
-            lock = self.store.lock(me.name, wait_s=None, command=command)  # a sibling manager's job
-            lock.acquire()
-        return lock
-
-    def _run_child(self, me: ModelEngine, request: JobRequest) -> JobResult:
-        on_event = lambda ev: self._on_event(me, ev)  # noqa: E731
-        if self._gpu is None:
-            job = start_job(request, on_event)
-        else:
-            job = start_job(
-                request, on_event, {"CUDA_VISIBLE_DEVICES": str(self._gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            return self._runner.run(
+                me.ctx, me.target.api, requested, force, on_event, functools.partial(_started, me)
             )
-        with me.lock:
-            me.job = job
-        return JobResult.from_event(job.wait())
+        except LockUnavailable as exc:
+            return JobResult.failed(requested, f"model {me.name!r}: {exc.error}", type(exc.error).__name__)
 
-    def _ensure_frames(self, me: ModelEngine, calibration: bool) -> None:
-        """The frames the gate (and INT8) need when missing: from the model's running pipeline (its
-        cameras are never opened a second time), or from its configured folder."""
-        counts = frames_to_capture(me.ctx, calibration)
+
+def _started(me: ModelEngine, job: ChildProcess) -> None:
+    with me.lock:
+        me.job = job  # killed by a reload that retires the model, or at close
+
+
+def publish_progress(board: StateBoard, me: ModelEngine, ev: Event) -> None:
+    """A job's progress event: published at most twice a second; each phase in the log once, as it starts
+    (frame captures: a line before and one after, by PipelineFrames); every step at DEBUG."""
+    if not isinstance(ev, Progress):
+        return
+    now = time.monotonic()
+    phase = ev.phase
+    with me.lock:
+        first = phase not in me.phases_logged
+        me.phases_logged.add(phase)
+        publish = now - me.last_progress_pub >= 0.5
+        if publish:
+            me.last_progress_pub = now
+    if first and not phase.startswith("capture"):
+        log.info("model %s: %s %s/%s", me.name, phase, ev.step, ev.total)
+    elif publish:
+        log.debug("model %s: %s %s/%s", me.name, phase, ev.step, ev.total)
+    if publish:
+        board.set(me, state="building", progress=ev)
+
+
+class PipelineFrames:
+    """The daemon's frames for a job: from the model's running pipeline (its cameras are never opened a
+    second time), or from its configured folder."""
+
+    def __init__(
+        self,
+        cfg: Callable[[], AgentConfig],
+        frames_for: Callable[[str], FrameTap | None],
+        stop: threading.Event,
+    ) -> None:
+        self._cfg, self._frames_for, self._stop = cfg, frames_for, stop
+
+    def ensure(self, ctx: ModelContext, calibration: bool, on_event: Emit) -> None:
+        counts = frames_to_capture(ctx, calibration)
         if counts is None:
             return
         samples, held_out = counts
-        cal = me.ctx.cfg.calibration
+        cfg, cal = self._cfg(), ctx.cfg.calibration
         if cal.source == "folder":
-            capture_calibration_set(self.cfg, me.name, samples=samples, held_out=held_out, progress=False)
+            capture_calibration_set(cfg, ctx.name, samples=samples, held_out=held_out, progress=False)
             return
-        tap = self._frames_for(me.name)
+        tap = self._frames_for(ctx.name)
         if tap is None:
             raise CalibrationError(
-                f"model {me.name}: no calibration set; run edge-agent calibrate --model {me.name}"
+                f"model {ctx.name}: no calibration set; run edge-agent calibrate --model {ctx.name}"
             )
         total = samples + held_out
-        cams = max(1, sum(1 for c in self.cfg.cameras.values() if c.model == me.name and c.enabled))
+        cams = max(1, sum(1 for c in cfg.cameras.values() if c.model == ctx.name and c.enabled))
         timeout = 60.0 + 3.0 * total / cams * cal.interval_s
         log.info(
             "model %s: capturing %d frames from its pipeline (%d held out for the gate)",
-            me.name,
+            ctx.name,
             total,
             held_out,
         )
         t0 = time.monotonic()
         frames = tap.frames(total, cal.interval_s, timeout, self._stop)
-        cset = capture_from_frames(me.ctx, self._counted(me, frames, total), samples, held_out)
+        cset = capture_from_frames(ctx, _counted(frames, total, on_event), samples, held_out)
         log.info(
             "model %s: captured %d of %d frames from its pipeline in %.0f s (%d held out for the gate)",
-            me.name,
+            ctx.name,
             cset.manifest["samples"] + cset.manifest["held_out_count"],
             total,
             time.monotonic() - t0,
             cset.manifest["held_out_count"],
         )
 
-    def _counted(self, me: ModelEngine, frames: Iterator[Any], total: int) -> Iterator[Any]:
-        for n, item in enumerate(frames, 1):
-            self._on_event(me, Progress("capture frames", n, total))
-            yield item
 
-    def _on_event(self, me: ModelEngine, ev: Event) -> None:
-        if not isinstance(ev, Progress):
-            return
-        now = time.monotonic()
-        phase = ev.phase
-        with me.lock:
-            first = phase not in me.phases_logged
-            me.phases_logged.add(phase)
-            publish = now - me.last_progress_pub >= 0.5  # a progress state at most twice a second
-            if publish:
-                me.last_progress_pub = now
-        # The log gets each phase of a job once, as it starts (frame captures: a line before and one after,
-        # in _ensure_frames); every step is in the published state, and in the log at DEBUG.
-        if first and not phase.startswith("capture"):
-            log.info("model %s: %s %s/%s", me.name, phase, ev.step, ev.total)
-        elif publish:
-            log.debug("model %s: %s %s/%s", me.name, phase, ev.step, ev.total)
-        if publish:
-            self._set(me, state="building", progress=ev)
+def _counted(frames: Iterator[Any], total: int, on_event: Emit) -> Iterator[Any]:
+    for n, item in enumerate(frames, 1):
+        on_event(Progress("capture frames", n, total))
+        yield item

@@ -6,7 +6,8 @@ rebuild: takes the model's build lock (`--wait` seconds for it; refused at once 
 start and command otherwise), captures the frames the gate needs when there are none (from the cameras:
 no daemon pipeline here), then runs the same child job as the daemon, handing it the lock: one rebuild
 per model at a time over the whole job, gate and build. A running daemon picks the new engine up by
-itself. Progress (agent.lifecycle.progress) goes to stderr: a bar on a terminal, a few lines piped.
+itself. Progress (agent.lifecycle.progress) goes to stderr: a bar on a terminal, a few lines piped. The
+job is the daemon's walk (agent.lifecycle.runner) with the CLI's frames and words.
 """
 
 from __future__ import annotations
@@ -17,23 +18,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import __version__
 from agent.config import AgentConfig, ConfigError
 from agent.lifecycle.calibration import CalibrationError, frames_to_capture, load_calibration_set
 from agent.lifecycle.capture import capture_calibration_set
 from agent.lifecycle.gate import run_gate
 from agent.lifecycle.gate_report import format_report, write_report
-from agent.lifecycle.job import JobRequest, JobResult, job_command, resolved_settings, start_job
+from agent.lifecycle.job import JobResult, resolved_settings
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.progress import JobProgress
+from agent.lifecycle.runner import Emit, JobRunner, LockUnavailable
 from agent.lifecycle.serving import EngineTarget, engine_target
 from engines.build.compat import check
+from engines.buildproc import Event
 from engines.errors import EngineError
-from engines.plan import needs_calibration_frames, needs_gate, plan_steps
 from engines.precision import Precision
 from engines.runtimes.base import BackendError
 from engines.store import EngineStore
-from engines.store.lock import BuildLock
 
 
 def _selected(cfg: AgentConfig, model: str | None) -> list[ModelContext]:
@@ -83,28 +83,57 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     return worst
 
 
-def _ensure_frames(cfg: AgentConfig, ctx: ModelContext, calibration: bool) -> None:
-    """The frames the gate (and INT8) need: captured from the cameras or folder when missing."""
-    counts = frames_to_capture(ctx, calibration)
-    if counts is None:
-        return
-    what = "calibration + held-out" if calibration else "held-out (gate)"
-    print(f"{ctx.name}: capturing {what} frames", file=sys.stderr)
-    t0 = time.monotonic()
-    cset = capture_calibration_set(
-        cfg, ctx.name, samples=counts[0], held_out=counts[1], progress=sys.stderr.isatty()
-    )
-    m = cset.manifest
-    print(
-        f"{ctx.name}: captured {m['samples']} calibration + {m['held_out_count']} held-out frames "
-        f"in {time.monotonic() - t0:.1f} s -> {cset.directory}",
-        file=sys.stderr,
-    )
+class CameraFrames:
+    """The CLI's frames for a job (no daemon pipeline here): captured from the cameras or the folder."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self._cfg = cfg
+
+    def ensure(self, ctx: ModelContext, calibration: bool, on_event: Emit) -> None:
+        counts = frames_to_capture(ctx, calibration)
+        if counts is None:
+            return
+        what = "calibration + held-out" if calibration else "held-out (gate)"
+        print(f"{ctx.name}: capturing {what} frames", file=sys.stderr)
+        t0 = time.monotonic()
+        cset = capture_calibration_set(
+            self._cfg, ctx.name, samples=counts[0], held_out=counts[1], progress=sys.stderr.isatty()
+        )
+        m = cset.manifest
+        print(
+            f"{ctx.name}: captured {m['samples']} calibration + {m['held_out_count']} held-out frames "
+            f"in {time.monotonic() - t0:.1f} s -> {cset.directory}",
+            file=sys.stderr,
+        )
+
+
+class _Progress:
+    """JobProgress from the job's first event on: the capture above prints its own lines first."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._progress: JobProgress | None = None
+
+    def __call__(self, ev: Event) -> None:
+        if self._progress is None:
+            self._progress = JobProgress(self._name)
+        self._progress(ev)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
 
 
 def run_rebuild(
     cfg: AgentConfig, model: str | None, force: bool, precision: Precision | None, wait_s: float
 ) -> int:
+    def waiting(name: str, holder: str) -> None:
+        print(f"{name}: waiting up to {wait_s:g} s for another build ({holder})", file=sys.stderr)
+
+    # The whole job under the model's lock: frames, gate, build (the child inherits it).
+    runner = JobRunner(
+        lambda: EngineStore(cfg.engine_dir), CameraFrames(cfg), lock_wait_s=wait_s, on_wait=waiting
+    )
     rc = 0
     for ctx in _selected(cfg, model):
         try:
@@ -117,50 +146,21 @@ def run_rebuild(
             print(f"{ctx.name}: skipped ({target.note})")
             continue
         requested = precision or ctx.cfg.precision
+        progress = _Progress(ctx.name)
         try:
-            lock = EngineStore(cfg.engine_dir).lock(
-                ctx.name,
-                wait_s=wait_s,
-                command=job_command(ctx.name, requested),
-                on_wait=lambda holder, name=ctx.name: print(
-                    f"{name}: waiting up to {wait_s:g} s for another build ({holder})", file=sys.stderr
-                ),
-            )
-            with lock:  # the whole job: frames, gate, build (the child inherits the lock)
-                result = _rebuild_locked(cfg, ctx, target, requested, force, lock)
-        except EngineError as exc:  # the lock is held by another build (or cannot be taken)
+            result = runner.run(ctx, target.api, requested, force, progress)
+        except LockUnavailable as exc:  # held by another build (or it cannot be taken)
+            print(f"{ctx.name}: {exc.error}", file=sys.stderr)
+            rc = 2
+            continue
+        except (CalibrationError, ConfigError, EngineError, OSError) as exc:  # capturing the frames
             print(f"{ctx.name}: {exc}", file=sys.stderr)
             rc = 2
             continue
-        if result is None:
-            rc = 2
-            continue
+        finally:
+            progress.close()
         rc = max(rc, _print_result(ctx.name, requested, result))
     return rc
-
-
-def _rebuild_locked(
-    cfg: AgentConfig,
-    ctx: ModelContext,
-    target: EngineTarget,
-    requested: Precision,
-    force: bool,
-    lock: BuildLock,
-) -> JobResult | None:
-    """Frames (when missing), then the job with the lock handed down; None after a capture error."""
-    steps = plan_steps(requested, target.api)
-    try:
-        if needs_gate(steps):
-            _ensure_frames(cfg, ctx, needs_calibration_frames(steps))
-    except (CalibrationError, ConfigError, OSError) as exc:
-        print(f"{ctx.name}: {exc}", file=sys.stderr)
-        return None
-    progress = JobProgress(ctx.name)
-    try:
-        request = JobRequest(ctx, requested, force, 0.0, __version__, lock_fd=lock.fd)
-        return JobResult.from_event(start_job(request, progress).wait())
-    finally:
-        progress.close()
 
 
 def _print_result(name: str, requested: Precision, result: JobResult) -> int:

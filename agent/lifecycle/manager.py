@@ -21,8 +21,10 @@ Runtime, until an operator asks for a rebuild. Serving engines run at a low NVTX
 (`nvtx_verbosity` in the state; engines.runtimes.tensorrt).
 Engines built by `edge-agent rebuild` in another process are noticed by a watcher and adopted alike.
 
-By job: agent.lifecycle.state (the published state), .builds (jobs), .swap (load, hot swap, refused
-plans, the watcher); this module opens models, reloads them and publishes.
+Composed, by the process's role (agent.lifecycle.roles): the state board (agent.lifecycle.state), the
+jobs (agent.lifecycle.builds over agent.lifecycle.runner, or a shard's delegate), the serving side
+(agent.lifecycle.swap: Adopter, or the supervisor's Announcer) and the store watcher
+(agent.lifecycle.watch); this module opens models, reloads them and publishes.
 """
 
 from __future__ import annotations
@@ -31,28 +33,31 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from agent.config import AgentConfig
-from agent.lifecycle.builds import Delegate, Jobs
+from agent.lifecycle.builds import Builds, PipelineFrames
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.job import resolved_settings
 from agent.lifecycle.model import ModelContext
-from agent.lifecycle.serving import OrtOnly, engine_target, open_ort
-from agent.lifecycle.state import TRANSITIONS, ModelEngine, StatePublisher, payload_of
-from agent.lifecycle.swap import HotSwap, refused_error, refused_reason
+from agent.lifecycle.roles import DEVICE, Delegate, DeviceRole, Role, ShardRole, SupervisorRole
+from agent.lifecycle.runner import JobRunner
+from agent.lifecycle.serving import OrtOnly, engine_target
+from agent.lifecycle.state import TRANSITIONS, ModelEngine, StateBoard, StatePublisher, payload_of
+from agent.lifecycle.swap import Adopter, Announcer, Serving, Swapper, refused_error, refused_reason
+from agent.lifecycle.watch import StoreWatcher, listing
 from engines.build.compat import check, refusals
 from engines.errors import EngineError
 from engines.manifest import Manifest
+from engines.precision import Precision
 from engines.runtimes.base import Backend, PlanRefusedError
 from engines.store import EngineStore
 
+__all__ = ["TRANSITIONS", "EngineManager", "ModelEngine"]
+
 log = logging.getLogger(__name__)
 
-Swapper = Callable[[str, Backend], None]
 
-
-class EngineManager(Jobs, HotSwap):
+class EngineManager:
     def __init__(
         self,
         cfg: AgentConfig,
@@ -61,31 +66,43 @@ class EngineManager(Jobs, HotSwap):
         agent_version: str,
         frames_for: Callable[[str], FrameTap | None] = lambda _m: None,
         watch_interval_s: float = 2.0,
-        delegate: Delegate | None = None,
-        serve: bool = True,
-        gpu: int | None = None,
-        build_gate: threading.Lock | None = None,
+        role: Role = DEVICE,
     ) -> None:
         self.cfg = cfg
-        # Pipeline shards (agent.shards): a shard serves plans and hands every rebuild to the supervisor
-        # (`delegate`); the supervisor builds and gates but serves nothing (`serve` False: it loads no plan
-        # and opens no ONNX Runtime session; each shard's watcher swaps in what it built).
-        self._delegate = delegate
-        self._serve = serve
-        # One manager per GPU model of a box with several (agent.shards): fingerprints of GPU `gpu` (NVML /
-        # nvidia-smi numbering), builds on it; `build_gate` makes the managers' jobs run one at a time.
-        self._gpu = gpu
-        self._build_gate = build_gate
-        self._publish = publish
-        self._swap = swap
-        self._frames_for = frames_for
-        self._version = agent_version
-        self._watch_interval = watch_interval_s
+        self.role = role
         self._store: EngineStore | None = None
         self._models: dict[str, ModelEngine] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending_start: list[str] = []  # models in fallback: their jobs start with the pipeline
+        self._board = StateBoard(publish)
+        self._serving: Serving = (
+            Announcer(self._store_now, self._board)
+            if isinstance(role, SupervisorRole)
+            else Adopter(self._store_now, self._board, swap, self.rebuild)
+        )
+        # A shard's rebuilds are its supervisor's: built once for every shard.
+        self._jobs: Delegate = (
+            role.delegate if isinstance(role, ShardRole) else self._own_jobs(role, agent_version, frames_for)
+        )
+        self._watcher = StoreWatcher(
+            self._store_now, self._board, self._serving.adopt, self._watched, watch_interval_s, self._stop
+        )
+
+    def _own_jobs(
+        self, role: DeviceRole | SupervisorRole, version: str, frames_for: Callable[[str], FrameTap | None]
+    ) -> Delegate:
+        """This process's own jobs (agent.lifecycle.builds), as rebuild(name, force, precision, reasons)."""
+        frames = PipelineFrames(lambda: self.cfg, frames_for, self._stop)
+        runner = JobRunner(self._store_now, frames, version, stop=self._stop)
+        if isinstance(role, SupervisorRole):
+            runner.env, runner.build_gate = role.job_env(), role.build_gate
+        builds = Builds(runner, self._board, self._serving.adopt, self._listing)
+
+        def rebuild(name: str, force: bool, precision: Precision | None, reasons: list[str] | None) -> bool:
+            return builds.rebuild(self._models[name], force, precision, reasons)
+
+        return rebuild
 
     @property
     def store(self) -> EngineStore:
@@ -93,6 +110,15 @@ class EngineManager(Jobs, HotSwap):
             # Raises StoreError naming engine_dir and the OS reason: a start-up error, by design.
             self._store = EngineStore(self.cfg.engine_dir)
         return self._store
+
+    def _store_now(self) -> EngineStore:
+        return self.store
+
+    def _listing(self, name: str) -> tuple:
+        return listing(self.store, name)
+
+    def _watched(self) -> list[ModelEngine]:
+        return list(self._models.values())
 
     @property
     def models(self) -> list[str]:
@@ -103,14 +129,27 @@ class EngineManager(Jobs, HotSwap):
         """The backend to serve `name` with now; a job starts in the background (start_pending) when one
         is needed. `cfg`: a reloaded configuration not yet in effect (see detach/retire); `ctx`: the model
         as the caller resolved it from that configuration (its labels are not read again)."""
+        backend = self._open(name, cfg, ctx)
+        if backend is None:
+            raise RuntimeError(f"model {name}: the supervisor of shards serves nothing (check(), not open())")
+        return backend
+
+    def check(self, name: str, cfg: AgentConfig | None = None, ctx: ModelContext | None = None) -> None:
+        """open() for a process that serves nothing (the supervisor of shards): the engine is checked,
+        its state published, a job starts with start_pending when one is needed."""
+        self._open(name, cfg, ctx)
+
+    def _open(self, name: str, cfg: AgentConfig | None, ctx: ModelContext | None) -> Backend | None:
         ctx = ctx or ModelContext.from_config(cfg or self.cfg, name)
-        target = engine_target(ctx) if self._gpu is None else engine_target(ctx, self._gpu)
+        role = self.role
+        gpu = role.gpu if isinstance(role, SupervisorRole) else None
+        target = engine_target(ctx) if gpu is None else engine_target(ctx, gpu)
         if isinstance(target, OrtOnly):
             return self._ort_only(ctx, target)
         store = self.store
         me = ModelEngine(ctx, target)
         self._models[name] = me
-        self._set(me, state="checking", backend="onnxruntime")
+        self._board.set(me, state="checking", backend="onnxruntime")
         settings, report, why = resolved_settings(ctx, target.api)
         if settings is None:
             return self._fallback(me, [why])
@@ -119,7 +158,7 @@ class EngineManager(Jobs, HotSwap):
             if problem:
                 return self._fallback(me, [problem])
         if report is not None:
-            self._set(me, validation=report.state())
+            self._board.set(me, validation=report.state())
         result = check(store, name, settings, target.fingerprint)
         with me.lock:
             me.seen = self._listing(name)
@@ -131,12 +170,15 @@ class EngineManager(Jobs, HotSwap):
             if refused >= 2 and m is not None:  # refused again after its rebuild, before this start
                 return self._refused_on_record(me, m, refused, result.reasons)
             return self._fallback(me, result.reasons)
-        return self._serve_fitting(me, result.key)
+        try:
+            return self._serving.fitting(me, result.key)
+        except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
+            return self._fallback(me, [refused_reason(exc)])
 
-    def _ort_only(self, ctx: ModelContext, target: OrtOnly) -> Backend:
+    def _ort_only(self, ctx: ModelContext, target: OrtOnly) -> Backend | None:
         """A model no engine is made for: ONNX Runtime serves (where this process serves at all)."""
-        backend = open_ort(ctx) if self._serve else None
-        self._publish(
+        backend = self._serving.ort(ctx)
+        self._board.publish(
             ctx.name,
             payload_of(
                 state="ready",
@@ -145,21 +187,7 @@ class EngineManager(Jobs, HotSwap):
                 reasons=[] if target.note.startswith("backend onnxruntime") else [target.note],
             ),
         )
-        return backend  # type: ignore[return-value]  # None only where nothing is served
-
-    def _serve_fitting(self, me: ModelEngine, key: str) -> Backend:
-        """The stored engine `key` fits: loaded and served (the supervisor of shards only says so)."""
-        if not self._serve:
-            self._set(me, state="ready", backend="tensorrt", key=key, reasons=[])
-            return None  # type: ignore[return-value]
-        try:
-            engine = self._load(me, key)
-        except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
-            return self._fallback(me, [refused_reason(exc)])
-        if engine is not None:
-            self._set_loaded(me, engine, key, reasons=[])
-            return engine
-        return open_ort(me.ctx)  # a fitting engine this device cannot run: _load published why
+        return backend
 
     def _import(self, name: str, engine_file: Path) -> str | None:
         """models.M.engine_file into the store; why it could not be, or None."""
@@ -171,38 +199,40 @@ class EngineManager(Jobs, HotSwap):
             log.info("model %s: engine %s imported from %s", name, key, engine_file)
         return None
 
-    def _fallback(self, me: ModelEngine, reasons: list[str]) -> Backend:
-        """ONNX Runtime serves while a job makes an engine."""
-        if not self._serve:
-            self._set(me, state="fallback", backend="onnxruntime", reasons=reasons, key=None, loaded=False)
-            self._pending_start.append(me.name)
-            return None  # type: ignore[return-value]
-        backend = open_ort(me.ctx)
-        log.warning(
-            "model %s: %s; ONNX Runtime serves (fallback) while an engine is made",
-            me.name,
-            "; ".join(reasons),
-        )
-        self._set(
-            me,
-            state="fallback",
-            backend=backend.name,
-            precision=backend.precision,
-            reasons=reasons,
-            key=None,
-            loaded=False,
-        )
+    def _fallback(self, me: ModelEngine, reasons: list[str]) -> Backend | None:
+        """ONNX Runtime serves (where this process serves) while a job makes an engine."""
+        backend = self._serving.ort(me.ctx)
+        if backend is None:
+            fields = {"reasons": reasons, "key": None, "loaded": False}
+            self._board.set(me, state="fallback", backend="onnxruntime", **fields)
+        else:
+            log.warning(
+                "model %s: %s; ONNX Runtime serves (fallback) while an engine is made",
+                me.name,
+                "; ".join(reasons),
+            )
+            self._board.set(
+                me,
+                state="fallback",
+                backend=backend.name,
+                precision=backend.precision,
+                reasons=reasons,
+                key=None,
+                loaded=False,
+            )
         self._pending_start.append(me.name)
         return backend
 
-    def _refused_on_record(self, me: ModelEngine, m: Manifest, refused: int, reasons: list[str]) -> Backend:
+    def _refused_on_record(
+        self, me: ModelEngine, m: Manifest, refused: int, reasons: list[str]
+    ) -> Backend | None:
         """Start-up with an engine whose plans TensorRT refused `refused` times in a row (its manifest says
         so): ONNX Runtime serves, state `failed`, no job until an operator asks for a rebuild."""
-        backend = open_ort(me.ctx) if self._serve else None
+        backend = self._serving.ort(me.ctx)
         record = m.build.refused_at_load or {}
         error = refused_error(str(m.key), refused, record.get("error") or "no reason")
         log.error("model %s: %s", me.name, error)
-        self._set(
+        self._board.set(
             me,
             state="failed",
             backend="onnxruntime" if backend is None else backend.name,
@@ -212,12 +242,12 @@ class EngineManager(Jobs, HotSwap):
             loaded=False,
             error=error,
         )
-        return backend  # type: ignore[return-value]
+        return backend
 
     def start(self) -> None:
         """Jobs for models in fallback start now (their pipelines run: frames can be tapped)."""
         self.start_pending()
-        self._thread = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+        self._thread = threading.Thread(target=self._watcher.run, name="engine-watch", daemon=True)
         self._thread.start()
 
     def start_pending(self) -> None:
@@ -226,6 +256,18 @@ class EngineManager(Jobs, HotSwap):
             if name in self._models:
                 # A refused plan is rebuilt under the same key: forced.
                 self.rebuild(name, force=self._models[name].refusals > 0)
+
+    def rebuild(
+        self,
+        name: str,
+        force: bool = False,
+        precision: Precision | None = None,
+        reasons: list[str] | None = None,
+    ) -> bool:
+        """Start a job for `name` in the background; False when one is already under way. `reasons`: why,
+        for the published state (kept from before when None). A shard's go to its supervisor (once for
+        every shard)."""
+        return self._jobs(name, force, precision, reasons)
 
     # ---- reload ----------------------------------------------------------------------------------
     def detach(self, name: str) -> ModelEngine | None:
@@ -258,7 +300,7 @@ class EngineManager(Jobs, HotSwap):
             with me.lock:
                 state = me.state.to_payload()
             if state:
-                self._publish(me.name, state)
+                self._board.publish(me.name, state)
 
     def summary(self, name: str) -> str:
         """Engine news for the service status line: "building 40%", "fallback", "failed"."""
@@ -280,17 +322,3 @@ class EngineManager(Jobs, HotSwap):
                 job.kill()  # the store keeps the previous engine intact; temp files go at the next build
         if self._thread is not None:
             self._thread.join(2.0)
-
-    # ---- state -----------------------------------------------------------------------------------
-    def _set(self, me: ModelEngine, **fields: Any) -> None:
-        """Update and publish under the model's lock, so retained states reach MQTT in order."""
-        with me.lock:
-            new = fields.get("state")
-            old = me.state.state
-            if new is not None and new != old and new not in TRANSITIONS[old]:
-                log.error("model %s: engine state %s -> %s is not a planned transition", me.name, old, new)
-            me.state.update(**fields)
-            if me.state.fingerprint is None:
-                me.state.update(fingerprint=me.target.fingerprint.manifest_dict())
-            if not me.retired:
-                self._publish(me.name, me.state.to_payload())

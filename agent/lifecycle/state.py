@@ -11,6 +11,7 @@ appears with the first job, `load_error` with the first load.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,9 @@ from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget
 from engines.buildproc import ChildProcess, Progress
 from engines.precision import Precision
+
+# The daemon's log names the engine manager for every line of its lifecycle.
+log = logging.getLogger("agent.lifecycle.manager")
 
 StatePublisher = Callable[[str, dict[str, Any]], None]  # (model, payload): the MQTT edge
 
@@ -104,3 +108,23 @@ class ModelEngine:
     @property
     def name(self) -> str:
         return self.ctx.name
+
+
+class StateBoard:
+    """Where a model's engine state is changed and published: under the model's lock, so retained states
+    reach MQTT in order, and not once the model is retired (reloaded away)."""
+
+    def __init__(self, publish: StatePublisher) -> None:
+        self.publish = publish
+
+    def set(self, me: ModelEngine, **fields: Any) -> None:
+        with me.lock:
+            new = fields.get("state")
+            old = me.state.state
+            if new is not None and new != old and new not in TRANSITIONS[old]:
+                log.error("model %s: engine state %s -> %s is not a planned transition", me.name, old, new)
+            me.state.update(**fields)
+            if me.state.fingerprint is None:
+                me.state.update(fingerprint=me.target.fingerprint.manifest_dict())
+            if not me.retired:
+                self.publish(me.name, me.state.to_payload())

@@ -1,31 +1,30 @@
-"""The engine manager's hot swap: a built engine is loaded, warmed up and handed to the model's worker.
+"""Serving a model's engine: a built engine is loaded, warmed up and handed to the model's worker.
 
-    manager._adopt(me, key)     # after a job, or when the watcher sees an engine another process built
+    adopter = Adopter(store, board, swap, rebuild)   # a process that serves (agent.lifecycle.roles)
+    adopter.adopt(me, key)     # after a job, or when the watcher sees an engine another process built
 
 The worker switches at the top of its next batch; on any failure the current backend stays. A plan
 TensorRT itself refuses at load (PlanRefusedError) is recorded in its manifest (build.refused_at_load)
-and rebuilt once, forced; refused again, the model is `failed` until an operator asks for a rebuild.
-A plan this device cannot run (no GPU, CUDA, memory) is kept, `ready` with `loaded: false`.
+and rebuilt once, forced (`rebuild`); refused again, the model is `failed` until an operator asks for a
+rebuild. A plan this device cannot run (no GPU, CUDA, memory) is kept, `ready` with `loaded: false`.
+The supervisor of shards serves nothing: its Announcer only says which engine is ready.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agent.lifecycle.job import resolved_settings
-from agent.lifecycle.serving import warm_up
-from agent.lifecycle.state import ModelEngine
-from engines.build.compat import check, refusal_record
+from agent.lifecycle.model import ModelContext
+from agent.lifecycle.roles import Delegate
+from agent.lifecycle.serving import open_ort, warm_up
+from agent.lifecycle.state import ModelEngine, StateBoard
+from engines.build.compat import refusal_record
 from engines.errors import EngineError
 from engines.runtimes.base import Backend, BackendError, PlanRefusedError
 from engines.runtimes.tensorrt import TensorRTBackend
-
-if TYPE_CHECKING:
-    from engines.precision import Precision
-    from engines.store import EngineStore
+from engines.store import EngineStore
 
 # The daemon's log names the engine manager for every line of its lifecycle.
 log = logging.getLogger("agent.lifecycle.manager")
@@ -33,45 +32,67 @@ log = logging.getLogger("agent.lifecycle.manager")
 # Seconds to wait for the model's build lock to record a refused plan in its manifest.
 REFUSAL_LOCK_WAIT_S = 5.0
 
+Swapper = Callable[[str, Backend], None]  # (model, backend): the worker switches at its next batch
 
-class HotSwap:
-    """EngineManager's serving side. A mixin: the attributes below are EngineManager's, and so are `_set`
-    (publish) and the job side's `rebuild` it calls."""
 
-    _models: dict[str, ModelEngine]
-    _stop: threading.Event
-    _serve: bool
-    _swap: Callable[[str, Backend], None]
-    _watch_interval: float
+class Serving(Protocol):
+    """What a process does with a model's backends (agent.lifecycle.roles): the Adopter or the Announcer."""
 
-    if TYPE_CHECKING:
+    def ort(self, ctx: ModelContext) -> Backend | None:
+        """ONNX Runtime, while no engine serves (None: this process serves nothing)."""
 
-        @property
-        def store(self) -> EngineStore: ...
-        def _set(self, me: ModelEngine, **fields: Any) -> None: ...
-        def rebuild(
-            self,
-            name: str,
-            force: bool = False,
-            precision: Precision | None = None,
-            reasons: list[str] | None = None,
-        ) -> bool: ...
+    def fitting(self, me: ModelEngine, key: str) -> Backend | None:
+        """At start: the stored engine `key` fits. Raises PlanRefusedError when its rebuild is due."""
 
-    def _adopt(self, me: ModelEngine, key: str) -> None:
+    def adopt(self, me: ModelEngine, key: str) -> None:
+        """Engine `key` was built (by a job here, or by another process)."""
+
+
+class Announcer:
+    """The supervisor of shards: says an engine is ready; each shard's watcher loads and swaps it."""
+
+    def __init__(self, store: Callable[[], EngineStore], board: StateBoard) -> None:
+        self._store, self._board = store, board
+
+    def ort(self, ctx: ModelContext) -> Backend | None:
+        return None
+
+    def fitting(self, me: ModelEngine, key: str) -> Backend | None:
+        self._board.set(me, state="ready", backend="tensorrt", key=key, reasons=[])
+        return None
+
+    def adopt(self, me: ModelEngine, key: str) -> None:
+        manifest = self._store().manifest(me.name, key)
+        sha = manifest.build.plan_sha256 if manifest else None
+        precision = manifest.build.precision if manifest else None
+        self._board.set(me, state="ready", backend="tensorrt", key=key, plan_sha256=sha, precision=precision)
+
+
+class Adopter:
+    """Load, warm-up, swap and the refusal record, for a process that serves."""
+
+    def __init__(
+        self, store: Callable[[], EngineStore], board: StateBoard, swap: Swapper, rebuild: Delegate
+    ) -> None:
+        self._store, self._board, self._swap, self._rebuild = store, board, swap, rebuild
+
+    def ort(self, ctx: ModelContext) -> Backend | None:
+        return open_ort(ctx)
+
+    def fitting(self, me: ModelEngine, key: str) -> Backend | None:
+        engine = self.load(me, key)
+        if engine is not None:
+            self.set_loaded(me, engine, key, reasons=[])
+            return engine
+        return open_ort(me.ctx)  # a fitting engine this device cannot run: load() published why
+
+    def adopt(self, me: ModelEngine, key: str) -> None:
         """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
-        A plan TensorRT refuses is rebuilt (once in a row: _load)."""
-        if not self._serve:  # the supervisor of shards: each shard's watcher loads and swaps it
-            manifest = self.store.manifest(me.name, key)
-            sha = manifest.build.plan_sha256 if manifest else None
-            precision = manifest.build.precision if manifest else None
-            self._set(me, state="ready", backend="tensorrt", key=key, plan_sha256=sha, precision=precision)
-            return
+        A plan TensorRT refuses is rebuilt (once in a row: load)."""
         try:
-            engine = self._load(me, key)
+            engine = self.load(me, key)
         except PlanRefusedError as exc:
-            if not me.retired and not self.rebuild(
-                me.name, force=True, precision=me.requested, reasons=[refused_reason(exc)]
-            ):
+            if not me.retired and not self._rebuild(me.name, True, me.requested, [refused_reason(exc)]):
                 log.warning(
                     "model %s: engine %s refused; no rebuild started (one is under way)", me.name, key
                 )
@@ -82,11 +103,11 @@ class HotSwap:
             engine.close()
             return
         self._swap(me.name, engine)
-        self._set_loaded(me, engine, key)
+        self.set_loaded(me, engine, key)
 
-    def _set_loaded(self, me: ModelEngine, engine: TensorRTBackend, key: str, **extra: Any) -> None:
+    def set_loaded(self, me: ModelEngine, engine: TensorRTBackend, key: str, **extra: Any) -> None:
         """State `ready` for engine `key`, loaded and serving."""
-        self._set(
+        self._board.set(
             me,
             state="ready",
             backend=engine.name,
@@ -97,14 +118,14 @@ class HotSwap:
             nvtx_verbosity=engine.nvtx_verbosity,
         )
 
-    def _load(self, me: ModelEngine, key: str) -> TensorRTBackend | None:
+    def load(self, me: ModelEngine, key: str) -> TensorRTBackend | None:
         """Engine `key` loaded and warmed up. None where it cannot run here (published: `ready`, `loaded:
         false` and why) or where TensorRT refused its plan again after a rebuild (published: `failed`).
         PlanRefusedError when TensorRT refused the plan and a rebuild is due (recorded in its manifest)."""
-        manifest = self.store.manifest(me.name, key)
+        manifest = self._store().manifest(me.name, key)
         plan_sha = manifest.build.plan_sha256 if manifest else None
         engine = TensorRTBackend(
-            self.store,
+            self._store(),
             me.name,
             key,
             api=me.target.api,
@@ -125,7 +146,7 @@ class HotSwap:
                 me.refusals = 0  # the row of refused plans is broken
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
             precision = manifest.build.precision if manifest else None
-            self._set(
+            self._board.set(
                 me,
                 state="ready",
                 key=key,
@@ -137,7 +158,7 @@ class HotSwap:
             return None
         with me.lock:
             me.refusals = 0
-        self._set(me, plan_sha256=plan_sha, load_error=None)
+        self._board.set(me, plan_sha256=plan_sha, load_error=None)
         return engine
 
     def _plan_refused(
@@ -162,7 +183,7 @@ class HotSwap:
             return True
         error = refused_error(key, n, exc.reason)
         log.error("model %s: %s", me.name, error)
-        self._set(
+        self._board.set(
             me,
             state="failed",
             plan_sha256=plan_sha,
@@ -175,54 +196,13 @@ class HotSwap:
 
     def _record_refusal(self, me: ModelEngine, key: str, plan_sha: str, record: dict[str, Any]) -> None:
         try:
-            with self.store.lock(me.name, wait_s=REFUSAL_LOCK_WAIT_S):
-                written = self.store.set_refused_at_load(me.name, key, plan_sha, record)
+            with self._store().lock(me.name, wait_s=REFUSAL_LOCK_WAIT_S):
+                written = self._store().set_refused_at_load(me.name, key, plan_sha, record)
         except EngineError as exc:  # the lock held by a build, a read-only disk: the rebuild still happens
             log.warning("model %s: the refused plan of engine %s is not recorded: %s", me.name, key, exc)
             return
         if written is None:
             log.info("model %s: engine %s was rebuilt meanwhile; the refusal is not recorded", me.name, key)
-
-    # ---- engines built by other processes (`edge-agent rebuild`) ----------------------------------
-    def _listing(self, name: str) -> tuple:
-        d = self.store.model_dir(name)
-        try:
-            return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in d.glob("*.json")))
-        except OSError:
-            return ()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self._watch_interval):
-            for me in list(self._models.values()):
-                try:
-                    self._watch_one(me)
-                except Exception:
-                    log.exception("model %s: engine watch failed", me.name)
-
-    def _watch_one(self, me: ModelEngine) -> None:
-        with me.lock:
-            if me.busy:
-                return
-            listing = self._listing(me.name)
-            if listing == me.seen:
-                return
-            me.seen = listing
-            known_sha = me.state.plan_sha256
-        settings, report, _ = resolved_settings(me.ctx, me.target.api)
-        if settings is None:
-            return
-        result = check(self.store, me.name, settings, me.target.fingerprint)
-        manifest = result.manifest
-        if not result.ok or manifest is None or manifest.build.plan_sha256 == known_sha:
-            return
-        log.info("model %s: new engine %s found (built by another process)", me.name, result.key)
-        self._set(
-            me,
-            build_s=manifest.build.build_s,
-            reasons=[],
-            validation=report.state() if report else me.state.validation,
-        )
-        self._adopt(me, result.key)
 
 
 def refused_reason(exc: PlanRefusedError) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from agent import __version__
 from agent.config import AgentConfig
 from agent.lifecycle.manager import EngineManager
+from agent.lifecycle.roles import SupervisorRole
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics, payload
 from agent.reload import ReloadPlan
@@ -74,7 +75,7 @@ class ShardEngines:
         if len(first) < 2:
             return {
                 None: EngineManager(
-                    cfg, self.own_state, _no_swap, __version__, frames_for=self.tap, serve=False
+                    cfg, self.own_state, _no_swap, __version__, frames_for=self.tap, role=SupervisorRole()
                 )
             }
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # probes count GPUs as NVML does
@@ -86,9 +87,7 @@ class ShardEngines:
                 _no_swap,
                 __version__,
                 frames_for=functools.partial(self.tap, group=label),
-                serve=False,
-                gpu=gpu,
-                build_gate=gate,
+                role=SupervisorRole(gpu, gate),
             )
             for label, gpu in first.items()
         }
@@ -158,7 +157,7 @@ class ShardEngines:
                 manager.retire(manager.detach(name))
             manager.reconfigure(new)
             for name in plan.models_added + plan.models_changed:
-                manager.open(name, new)
+                manager.check(name, new)
             manager.start_pending()
 
     def republish(self) -> None:

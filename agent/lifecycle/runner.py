@@ -1,0 +1,111 @@
+"""One engine job, the same walk for the daemon and `edge-agent rebuild`: lock -> frames -> request -> child
+-> events.
+
+    runner = JobRunner(lambda: store, frames)
+    result = runner.run(ctx, api, "fp16", force=False, on_event=progress)
+
+1. lock: the model's build lock, held over the whole job (frames, gate, build). Held by another process:
+   LockUnavailable (at once, or after `lock_wait_s`), naming the holder. Held by this process (the manager
+   of another GPU model building the same model, agent.shards): waited for.
+2. frames: what the gate (and INT8) need, when missing: FrameSource.ensure (the daemon's from the model's
+   running pipeline, the CLI's from the cameras or folder). Its errors propagate: the caller words them.
+3. request: agent.lifecycle.job's JobRequest, the lock's descriptor handed down (the child holds it too).
+4. child: the job in a child process, one at a time across managers sharing `build_gate`; `on_start`
+   gets its handle (to kill it).
+5. events: the child's (and the capture's) progress events go to `on_event`; the result comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent import __version__
+from agent.lifecycle.job import JobRequest, JobResult, job_command, start_job
+from agent.lifecycle.model import ModelContext
+from engines.buildproc import ChildProcess, Event
+from engines.errors import BuildLockedError, EngineError
+from engines.plan import Capabilities, needs_calibration_frames, needs_gate, plan_steps
+from engines.precision import Precision
+from engines.store import EngineStore
+from engines.store.lock import BuildLock
+
+Emit = Callable[[Event], None]
+
+
+class LockUnavailable(Exception):
+    """The model's build lock could not be taken (held by another build, or the store is unusable)."""
+
+    def __init__(self, error: EngineError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class FrameSource(Protocol):
+    def ensure(self, ctx: ModelContext, calibration: bool, on_event: Emit) -> None:
+        """Store the frames the gate (and INT8: `calibration`) need where there are none yet."""
+
+
+@dataclass
+class JobRunner:
+    store: Callable[[], EngineStore]  # opened at the first job (StoreError: LockUnavailable)
+    frames: FrameSource
+    version: str = __version__
+    lock_wait_s: float | None = 0.0  # another process's build: 0 = refused at once, None = forever
+    on_wait: Callable[[str, str], None] | None = None  # (model, holder): waiting for another build
+    env: dict[str, str] | None = None  # added to the child's environment (a build on one GPU of several)
+    build_gate: threading.Lock | None = None
+    stop: threading.Event = field(default_factory=threading.Event)  # set: no child starts any more
+
+    def run(
+        self,
+        ctx: ModelContext,
+        caps: Capabilities,
+        precision: Precision,
+        force: bool,
+        on_event: Emit,
+        on_start: Callable[[ChildProcess], None] | None = None,
+    ) -> JobResult:
+        """The whole job under the model's build lock, released however it ends. Raises LockUnavailable,
+        and what the frame source raises; a failed job is a result (`error`)."""
+        with self.lock(ctx.name, precision) as lock:
+            steps = plan_steps(precision, caps)
+            if needs_gate(steps):
+                self.frames.ensure(ctx, needs_calibration_frames(steps), on_event)
+            if self.stop.is_set():
+                return JobResult.failed(precision, "stopped", "Stopped")
+            request = JobRequest(ctx, precision, force, 0.0, self.version, lock_fd=lock.fd)
+            gate = self.build_gate if self.build_gate is not None else contextlib.nullcontext()
+            with gate:  # another GPU model's build first (builds run one at a time)
+                return self._child(request, on_event, on_start)
+
+    def lock(self, model: str, precision: Precision) -> BuildLock:
+        """The model's build lock, taken (LockUnavailable where it cannot be)."""
+        command = job_command(model, precision)
+        on_wait = None if self.on_wait is None else functools.partial(self.on_wait, model)
+        try:
+            store = self.store()
+            try:
+                lock = store.lock(model, wait_s=self.lock_wait_s, command=command, on_wait=on_wait)
+                lock.acquire()
+            except BuildLockedError as exc:
+                if exc.pid != os.getpid():
+                    raise
+                lock = store.lock(model, wait_s=None, command=command)  # a sibling manager's job
+                lock.acquire()
+        except EngineError as exc:
+            raise LockUnavailable(exc) from exc
+        return lock
+
+    def _child(
+        self, request: JobRequest, on_event: Emit, on_start: Callable[[ChildProcess], None] | None
+    ) -> JobResult:
+        job = start_job(request, on_event) if self.env is None else start_job(request, on_event, self.env)
+        if on_start is not None:
+            on_start(job)
+        return JobResult.from_event(job.wait())
