@@ -149,6 +149,7 @@ class Nginx:
             "}\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
+        self._marks = 0
 
     def start(self, timeout: float = 10.0) -> None:
         cmd = [NGINX, "-p", str(self.workdir), "-e", str(self.error_log), "-c", str(self.conf),
@@ -180,8 +181,21 @@ class Nginx:
                  if p.exists()]
         return " | ".join(parts)
 
-    def requests(self) -> list[str]:
-        return self.access_log.read_text().splitlines() if self.access_log.exists() else []
+    def requests(self, timeout: float = 5.0) -> list[str]:
+        """The access log lines so far. nginx logs a request after answering it: a marker request, waited for
+        in the log, makes sure every earlier line is there (one worker: in order)."""
+        self._marks += 1
+        mark = f"/__mark_{self._marks}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.http_port), 2) as s:
+            s.sendall(f"GET {mark} HTTP/1.0\r\n\r\n".encode())
+            s.recv(1024)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.access_log.read_text().splitlines() if self.access_log.exists() else []
+            if any(mark in line for line in lines):
+                return [line for line in lines if "/__mark_" not in line]
+            time.sleep(0.01)
+        raise RuntimeError(f"nginx did not log {mark} within {timeout} s")
 
     def url(self, name: str, tls: bool = True, auth: str = "", query: str = "") -> str:
         scheme, port = ("https", self.https_port) if tls else ("http", self.http_port)
@@ -199,6 +213,7 @@ class Seen:
 class FaultState:
     payload: bytes
     drip_s: float = 1.0
+    drip_for_s: float = 5.0  # then the drip closes (a client without a stall rule fails, not hangs)
     fail_times: int = 2  # /flaky answers 500 this many times, then serves
     seen: list[Seen] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -299,7 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _drip(self) -> None:
         st = self.server.state
         self._head(200, len(st.payload))
-        for i in range(len(st.payload)):
+        for i in range(min(len(st.payload), int(st.drip_for_s / st.drip_s))):
             if st.stopping.wait(st.drip_s):
                 return
             try:

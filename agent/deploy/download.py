@@ -348,7 +348,8 @@ def _attempts(t: _Transfer) -> Path:
                 raise
             failures = 0 if t.done - before >= _REAL_PROGRESS else failures + 1
             if failures > policy.retries or attempt == policy.max_attempts:
-                raise DownloadError(f"{exc.reason} (gave up after {attempt} attempts)", exc.field,
+                tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+                raise DownloadError(f"{exc.reason} (gave up after {tries})", exc.field,
                                     retryable=True) from None
             delay = min(policy.backoff_s * 2 ** max(failures - 1, 0), policy.max_backoff_s)
             log.warning("%s; attempt %d, retrying in %.1f s", exc.reason, attempt, delay)
