@@ -121,6 +121,7 @@ class RegionSpec:
     inertia: int = 2  # zones: frames in a row before in/out changes
     frame_size: tuple[int, int] | None = None  # None: normalised points; else the pixel size they refer to
     params: tuple[tuple[str, Any], ...] = ()  # zone rules' settings by config key (pipelines.rules)
+    inertia_s: float = 0.0  # zones: ... and for at least this long (frame times: first to this frame)
 
     def param(self, key: str) -> Any:
         """A zone rule's setting (None: not set, the rule is off here)."""

@@ -28,8 +28,13 @@ ZONES = (
     # Loitering (a zone rule: numpy on both paths, on the table the kernel updates) on two of the zones.
     RegionSpec("zone", "left", ((0.0, 0.5), (0.5, 0.5), (0.5, 1.0), (0.0, 1.0)), params=(("loiter_s", 0.3),)),
     RegionSpec("zone", "right", ((0.5, 0.5), (1.0, 0.5), (1.0, 1.0), (0.5, 1.0)), labels=(0, 2), inertia=3),
-    RegionSpec(
-        "zone", "pent", ((0.1, 0.1), (0.4, 0.05), (0.45, 0.4), (0.2, 0.45), (0.05, 0.3)), anchor="center"
+    RegionSpec(  # time-based inertia: 0.1 s from the streak's first frame (4 frames at 25 fps)
+        "zone",
+        "pent",
+        ((0.1, 0.1), (0.4, 0.05), (0.45, 0.4), (0.2, 0.45), (0.05, 0.3)),
+        anchor="center",
+        inertia=1,
+        inertia_s=0.1,
     ),
     RegionSpec(
         "zone",
@@ -261,7 +266,13 @@ def test_wrong_arrays_are_refused_not_read() -> None:
     zones = Zones(ZONES, 3)
     zones._compile(SIZE)
     z = len(ZONES)
-    good = (np.zeros((3, z), bool), np.zeros((3, z), np.int16), np.zeros((3, z)), np.zeros((3, z), bool))
+    good = (
+        np.zeros((3, z), bool),
+        np.zeros((3, z), np.int16),
+        np.zeros((3, z)),
+        np.zeros((3, z)),
+        np.zeros((3, z), bool),
+    )
     with pytest.raises(ValueError, match="active"):
         zones._kernel.step(table, np.zeros(2, bool), np.zeros(0, np.intp), *good, 0.0)
     with pytest.raises(TypeError, match="inside"):

@@ -29,7 +29,7 @@ def cfg(**camera: Any) -> Any:
 
 def test_defaults() -> None:
     cam = cfg().cameras["gate"]
-    assert cam.tracking.enabled and cam.tracking.low_score == 0.25 and cam.tracking.new_track_score is None
+    assert cam.tracking.enabled and cam.tracking.low_score == 0.15 and cam.tracking.new_track_score is None
     assert cam.tracking.min_hits == 2 and cam.tracking.max_lost_s == 1.5 and cam.tracking.reset_gap_s == 2.0
     assert cam.zones == {} and cam.lines == {} and cam.frame_size is None
     assert cam.events.enabled and cam.events.objects == "all" and not cam.events.snapshot.enabled
@@ -49,6 +49,8 @@ def test_a_full_camera() -> None:
         publish={"detections": "on_change"},
     ).cameras["gate"]
     assert len(cam.zones["drive"].polygon) == 4  # the closing repeat of the first point is dropped
+    assert (cam.zones["drive"].inertia, cam.zones["drive"].inertia_s) == (3, 0.1)  # tools/track_eval.py
+    assert (cam.zones["door"].inertia, cam.zones["door"].inertia_s) == (1, 0.1)
     assert cam.zones["door"].units == "pixels" and cam.lines["gate"].labels == ["person"]
 
 
@@ -149,10 +151,10 @@ def test_errors_name_the_file_and_the_key(camera: dict[str, Any], error: str) ->
 def test_a_low_min_score_takes_the_default_low_score_down() -> None:
     from agent.events import analytics_settings, track_floor
 
-    cam = cfg(min_score=0.15).cameras["gate"]  # below the default low_score (0.25): no error
-    assert track_floor(cam) == 0.15
+    cam = cfg(min_score=0.1).cameras["gate"]  # below the default low_score (0.15): no error
+    assert track_floor(cam) == 0.1
     params = analytics_settings("gate", cam, ["person"], "labels").tracker
-    assert params.low_score == params.high_score == 0.15
+    assert params.low_score == params.high_score == 0.1
 
 
 def test_a_slow_camera_keeps_its_tracks_between_frames() -> None:

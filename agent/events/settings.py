@@ -37,6 +37,7 @@ def analytics_settings(
             z.inertia,
             size if z.units == "pixels" else None,
             zone_params(z),
+            inertia_s=z.inertia_s,
         )
         for name, z in cam.zones.items()
     )

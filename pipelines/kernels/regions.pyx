@@ -23,6 +23,7 @@ _NO_DWELL.flags.writeable = False
 
 cdef enum:
     R_CLS = 37  # the class row of pipelines.tracking's table (checked by pipelines.regions)
+    MAX_STREAK = 32767  # streaks are int16: they stop counting there (an inertia_s can outlast them)
 
 
 cdef inline double _anchor(double c, double off, double size) noexcept nogil:
@@ -81,6 +82,7 @@ cdef class ZonesKernel:
     """The zones of one camera at one picture size (pipelines.zones.Zones._compile makes one)."""
 
     cdef const short[::1] inertia
+    cdef const double[::1] inertia_s
     cdef const double[::1] ex1, ey1, ey2, slope
     cdef const Py_ssize_t[::1] bounds
     cdef const double[:, ::1] offsets
@@ -88,21 +90,26 @@ cdef class ZonesKernel:
     cdef bint use_mask
     cdef Py_ssize_t n_classes
 
-    def __init__(self, const short[::1] inertia, const double[::1] ex1, const double[::1] ey1,
-                 const double[::1] ey2, const double[::1] slope, const Py_ssize_t[::1] bounds,
-                 const double[:, ::1] offsets, const unsigned char[:, ::1] mask, bint use_mask,
-                 Py_ssize_t n_classes):
-        """``bounds``: (Z + 1,) first edge of each zone and the end; ``offsets``: (2, Z) anchor offsets;
+    def __init__(self, const short[::1] inertia, const double[::1] inertia_s, const double[::1] ex1,
+                 const double[::1] ey1, const double[::1] ey2, const double[::1] slope,
+                 const Py_ssize_t[::1] bounds, const double[:, ::1] offsets, const unsigned char[:, ::1] mask,
+                 bint use_mask, Py_ssize_t n_classes):
+        """``inertia``, ``inertia_s``: (Z,) frames and seconds the raw test must disagree before a flip;
+        ``bounds``: (Z + 1,) first edge of each zone and the end; ``offsets``: (2, Z) anchor offsets;
         ``mask``: (classes + 1, Z) the classes each zone counts, applied when ``use_mask``."""
-        self.inertia, self.ex1, self.ey1, self.ey2, self.slope = inertia, ex1, ey1, ey2, slope
+        if inertia_s.shape[0] != inertia.shape[0]:
+            raise ValueError(f"inertia_s: {inertia_s.shape[0]} zones, inertia {inertia.shape[0]}")
+        self.inertia, self.inertia_s = inertia, inertia_s
+        self.ex1, self.ey1, self.ey2, self.slope = ex1, ey1, ey2, slope
         self.bounds, self.offsets, self.mask, self.use_mask = bounds, offsets, mask, use_mask
         self.n_classes = n_classes
 
     def step(self, const double[:, ::1] tab, cnp.ndarray active_a, const Py_ssize_t[::1] confirmed,
-             cnp.ndarray inside_a, cnp.ndarray streak_a, cnp.ndarray entered_a, cnp.ndarray visited_a, double ts):
+             cnp.ndarray inside_a, cnp.ndarray streak_a, cnp.ndarray since_a, cnp.ndarray entered_a,
+             cnp.ndarray visited_a, double ts):
         """One frame: the raw point-in-polygon test of every active track (anchor inside and the zone
-        counting its class), inertia streaks; ``inside``, ``streak``, ``entered_at`` and ``visited`` updated
-        in place. Returns (tracks, zones, dwell, counts) of the flips in row-major order (numpy's nonzero on
+        counting its class), inertia streaks (frames, and time since the streak's first frame);
+        ``inside``, ``streak``, ``since``, ``entered_at`` and ``visited`` updated in place. Returns (tracks, zones, dwell, counts) of the flips in row-major order (numpy's nonzero on
         the (tracks, Z) flip mask); dwell: NaN for an enter, the time inside for a leave; counts: the new
         (Z, classes + 1) counts of tracks inside, None when nothing flipped."""
         cdef Py_ssize_t n = tab.shape[1], z_n = self.inertia.shape[0], i, z, e, k = 0, p, c
@@ -113,6 +120,7 @@ cdef class ZonesKernel:
         cdef const unsigned char* active = <const unsigned char*>_data(active_a, cnp.NPY_BOOL, n, -1, "active")
         cdef unsigned char* inside = <unsigned char*>_data(inside_a, cnp.NPY_BOOL, n, z_n, "inside")
         cdef short* streak = <short*>_data(streak_a, cnp.NPY_INT16, n, z_n, "streak")
+        cdef double* since = <double*>_data(since_a, cnp.NPY_FLOAT64, n, z_n, "since")
         cdef double* entered_at = <double*>_data(entered_a, cnp.NPY_FLOAT64, n, z_n, "entered_at")
         cdef unsigned char* visited = <unsigned char*>_data(visited_a, cnp.NPY_BOOL, n, z_n, "visited")
         flips_a = _zeros(n, z_n, cnp.NPY_UINT8)
@@ -138,10 +146,13 @@ cdef class ZonesKernel:
                     raw = False
                 differs = raw != (inside[i * z_n + z] != 0)
                 if differs:
-                    streak[i * z_n + z] += 1
+                    if streak[i * z_n + z] == 0:
+                        since[i * z_n + z] = ts
+                    if streak[i * z_n + z] < MAX_STREAK:
+                        streak[i * z_n + z] += 1
                 else:
                     streak[i * z_n + z] = 0
-                if streak[i * z_n + z] >= self.inertia[z]:
+                if streak[i * z_n + z] >= self.inertia[z] and ts - since[i * z_n + z] >= self.inertia_s[z]:
                     flips[i * z_n + z] = 1
                     k += 1
         for p in range(confirmed.shape[0]):

@@ -55,6 +55,7 @@ class Occupancy(Rule):
         "entered_at": np.float64,  # frame time (wall clock of its capture) of the enter
         "visited": np.bool_,  # ever in it (the object's "entered_zones")
         "streak": np.int16,  # frames in a row the raw test disagreed with `inside`
+        "since": np.float64,  # frame time (wall clock) of the streak's first frame (zones' inertia_s)
     }
     moves = True
     enters = "zone_enter"
