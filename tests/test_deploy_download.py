@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from fixtures_http import NGINX, FaultServer, FaultState, Nginx, Pki, make_pki, running_faults, running_nginx
 
+from agent.config.deploy import DeployConfig
 from agent.deploy import download
 from agent.deploy.document import Artifact
 from agent.deploy.download import DownloadCancelled, FetchPolicy, fetch
@@ -362,3 +363,12 @@ def test_a_certificate_for_another_name_is_refused(pki: Pki, policy: FetchPolicy
         exc = refused(caplog, artifact(wrong.url("ok", auth=CREDS, query=QUERY)), dest, policy)
         assert "TLS certificate of 127.0.0.1 refused" in exc.reason and "mismatch" in exc.reason.lower()
         assert not exc.retryable and "ok" not in wrong.state.counts and left(dest) == []
+
+
+def test_the_policy_comes_from_the_deploy_config() -> None:
+    cfg = DeployConfig(allow_http=True, max_artifact_mb=1.5, connect_timeout_s=3.0, read_timeout_s=4.0)
+    pol = FetchPolicy.from_config(cfg, retries=2)
+    got = (pol.allow_http, pol.ca_file, pol.max_bytes, pol.connect_timeout_s, pol.read_timeout_s, pol.retries)
+    assert got == (True, None, 1_572_864, 3.0, 4.0, 2)
+    with pytest.raises(ValueError, match="timeouts must be > 0"):
+        with_(pol, read_timeout_s=0.0)

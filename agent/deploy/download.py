@@ -22,11 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from agent.deploy.errors import DownloadError
 from agent.deploy.transport import Opener, Target, parse_target, tls_context
 from pipelines.urls import scrubber
+
+if TYPE_CHECKING:
+    from agent.config.deploy import DeployConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,13 @@ class FetchPolicy:
     max_redirects: int = 5
     follow_other_hosts: bool = False  # https -> https on another host (credentials never forwarded)
     reserve_bytes: int = 16 << 20  # free space left on the filesystem beyond the artifact
+
+    @classmethod
+    def from_config(cls, cfg: DeployConfig, **more: Any) -> FetchPolicy:
+        """The policy of the ``deploy`` config section (``more``: the defaulted fields, for tests)."""
+        max_bytes = int(cfg.max_artifact_mb * (1 << 20))
+        return cls(allow_http=cfg.allow_http, ca_file=cfg.ca_file, max_bytes=max_bytes,
+                   connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, **more)
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0 or self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
