@@ -303,6 +303,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._serve(cut=size // 2) if n == 1 else self._serve(start_shift=-10 if n == 2 else 0)
         elif mode == "drip":
             self._drip()
+        elif mode == "drip-headers":  # a status line, then one header byte at a time
+            self._drip(head=True)
         elif mode == "hang":  # accepts, reads the request, never answers
             st.stopping.wait(30)
         elif mode in ("to-http", "to-other-host", "to-same", "loop"):
@@ -311,14 +313,19 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._head(400, 0)
 
-    def _drip(self) -> None:
+    def _drip(self, head: bool = False) -> None:
         st = self.server.state
-        self._head(200, len(st.payload))
-        for i in range(min(len(st.payload), int(st.drip_for_s / st.drip_s))):
+        if head:
+            self.wfile.write(b"HTTP/1.0 200 OK\r\n")
+            data = b"X-Slow: " + b"a" * 1000
+        else:
+            self._head(200, len(st.payload))
+            data = st.payload
+        for i in range(min(len(data), int(st.drip_for_s / st.drip_s))):
             if st.stopping.wait(st.drip_s):
                 return
             try:
-                self.wfile.write(st.payload[i : i + 1])
+                self.wfile.write(data[i : i + 1])
                 self.wfile.flush()
             except OSError:
                 return

@@ -25,8 +25,6 @@ from agent.deploy.document import Artifact
 from agent.deploy.download import DownloadCancelled, FetchPolicy, fetch
 from agent.deploy.errors import DownloadError
 
-pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx-light)")
-
 PAYLOAD = random.Random(37).randbytes(300_000)
 PASSWORD, TOKEN = "s3cr3t-pass", "tok-9f8e7d6c"
 CREDS = f"deploy:{PASSWORD}@"
@@ -44,6 +42,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def nginx(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Nginx]:
+    if NGINX is None:
+        pytest.skip("needs nginx (apt-get install nginx-light; .ci/run installs it)")
     root = tmp_path_factory.mktemp("www")
     (root / "private").mkdir()
     (root / "model.onnx").write_bytes(PAYLOAD)
@@ -303,11 +303,19 @@ def test_a_slow_drip_ends_by_the_stall_rule(faults: FaultServer, policy: FetchPo
     assert left(dest) == ["model.onnx.part"] and 0 < len(part) < 20 and part == PAYLOAD[: len(part)]
 
 
+def test_headers_dripped_end_by_the_answer_deadline(faults: FaultServer, policy: FetchPolicy, dest: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    faults.state.drip_s = 0.2
+    exc = refused(caplog, artifact(faults.url("drip-headers", auth=CREDS, query=QUERY)), dest,
+                  with_(policy, read_timeout_s=1.0, retries=0))
+    assert "no complete answer within 1 s" in exc.reason and exc.retryable and left(dest) == []
+
+
 def test_a_server_that_never_answers_times_out(faults: FaultServer, policy: FetchPolicy, dest: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     exc = refused(caplog, artifact(faults.url("hang", auth=CREDS, query=QUERY)), dest,
                   with_(policy, read_timeout_s=0.5, retries=1))
-    assert "no answer within 0.5 s" in exc.reason and "gave up after 2 attempts" in exc.reason
+    assert "no complete answer within 0.5 s" in exc.reason and "gave up after 2 attempts" in exc.reason
     assert faults.state.counts["hang"] == 2
 
 

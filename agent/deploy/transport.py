@@ -8,8 +8,11 @@ URL and field.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
+import socket
 import ssl
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +60,13 @@ def parse_target(url: str) -> Target:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
     return Target(url, parts.scheme.lower(), parts.hostname, port, path, auth)
+
+
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
+    if conn.sock is not None:
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
 
 
 def tls_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -121,15 +131,31 @@ class Opener:
         headers = {"User-Agent": "edge-agent", "Accept-Encoding": "identity", **extra}
         if target.auth:
             headers["Authorization"] = target.auth
+        # The whole answer (status line and headers) within read_timeout_s: a server that drips its headers
+        # passes every single read's timeout; the timer cuts the socket, the read below then fails.
+        cut = threading.Event()
+        timer = threading.Timer(self.read_timeout_s, _cut, args=(conn, cut))
+        timer.daemon = True
+        timer.start()
         try:
             conn.request("GET", target.path, headers=headers)
-            return conn.getresponse()
+            resp = conn.getresponse()
+            if cut.is_set():  # the cut may end a header line early: what was parsed is not the answer
+                raise TimeoutError
+            return resp
+        except http.client.InvalidURL:  # control characters in a path (a redirect's Location, say)
+            conn.close()
+            raise fail("the URL's path holds characters that cannot be sent") from None
         except TimeoutError:
             conn.close()
-            raise fail(f"no answer within {self.read_timeout_s:g} s", retryable=True) from None
+            raise fail(f"no complete answer within {self.read_timeout_s:g} s", retryable=True) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
+            if cut.is_set():
+                raise fail(f"no complete answer within {self.read_timeout_s:g} s", retryable=True) from None
             raise fail(f"connection lost before the answer ({type(exc).__name__})", retryable=True) from None
+        finally:
+            timer.cancel()
 
     def _follow(self, current: Target, location: str, fail: Fail) -> Target:
         url = urljoin(current.url, location)
