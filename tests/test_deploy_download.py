@@ -12,7 +12,9 @@ import logging
 import random
 import shutil
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -279,6 +281,34 @@ def test_a_body_always_truncated_keeps_a_resumable_part_that_a_restart_completes
     assert left(dest) == ["model.onnx.part"] and part.read_bytes() == PAYLOAD[:have]
     fetch(artifact(faults.url("ok")), dest, policy)  # a new process, the server fixed
     assert dest.read_bytes() == PAYLOAD and faults.state.seen[-1].headers["Range"] == f"bytes={have}-"
+
+
+def test_a_process_killed_mid_download_is_resumed_by_the_next(faults: FaultServer, pki: Pki,
+                                                             dest: Path) -> None:
+    faults.state.drip_s, faults.state.drip_for_s = 0.005, 30.0
+    code = (
+        "import sys; from pathlib import Path; from agent.deploy.download import FetchPolicy, fetch;"
+        "from agent.deploy.document import Artifact;"
+        "a = Artifact(url=sys.argv[1], sha256=sys.argv[2], size=int(sys.argv[3]));"
+        "fetch(a, Path(sys.argv[4]), FetchPolicy(False, Path(sys.argv[5]), 1 << 30, 5.0, 5.0))"
+    )
+    url = faults.url("drip", auth=CREDS, query=QUERY)
+    args = [url, hashlib.sha256(PAYLOAD).hexdigest(), str(len(PAYLOAD)), str(dest), str(pki.ca_cert)]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=root)
+    part = dest.with_name("model.onnx.part")
+    try:
+        deadline = time.monotonic() + 20
+        while not (part.exists() and part.stat().st_size >= 50) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        proc.kill()  # SIGKILL: no cleanup of any kind
+        proc.wait(5)
+    have = part.stat().st_size
+    assert have >= 50 and part.read_bytes() == PAYLOAD[:have]
+    fetch(artifact(faults.url("ok")), dest, policy=FetchPolicy(False, pki.ca_cert, 1 << 30, 5.0, 5.0))
+    assert dest.read_bytes() == PAYLOAD and left(dest) == ["model.onnx"]
+    assert faults.state.seen[-1].headers["Range"] == f"bytes={have}-"
 
 
 @pytest.mark.parametrize(("mode", "says"), [("long-length", "announces 301000 bytes, 300000 expected"),
