@@ -216,9 +216,10 @@ class _Transfer:
                 self.restart()
         elif status == 206:
             self._check_content_range(resp.getheader("Content-Range") or "")
-        elif status == 416:
+        elif status == 416:  # the server's file is shorter than our part: it is not the file we had
+            asked = self.done
             self.restart()
-            raise self.error(f"range from {self.done} not satisfiable, restarting from 0", retryable=True)
+            raise self.error(f"range from {asked} not satisfiable, restarting from 0", retryable=True)
         else:
             what = f"the server answered {status} {resp.reason}".rstrip()
             raise self.error(what, retryable=status >= 500 or status in _RETRY_STATUS)
