@@ -97,3 +97,13 @@ def test_next_id_is_an_int(compiled: bool) -> None:
     tracker = Tracker(TrackerParams(min_hits=1), compiled=compiled)
     tracker.update(one(), 0.0, 0.0)
     assert type(tracker.next_id) is int and tracker.next_id == 2
+
+
+def test_the_kernel_refuses_non_finite_times() -> None:
+    """Behind ``Tracker.update`` (which repairs them) the compiled step refuses them outright."""
+    tracker = Tracker()
+    assert tracker.compiled
+    d = one()
+    for t, ts, k in ((math.nan, 0.0, 0.0), (0.0, math.inf, 0.0), (0.0, 0.0, math.nan)):
+        with pytest.raises(ValueError, match="finite"):
+            tracker._kernel.update(tracker.table, d.boxes, d.scores, d.class_ids, t, ts, 0, k, 1)
