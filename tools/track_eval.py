@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.bench.track_eval import MOT15, MotSequence, evaluate_sequence, load_mot15
+from agent.bench.track_eval import MOT15, MotSequence, evaluate_sequence, every, load_mot15
 from agent.config.analytics import TrackingConfig, ZoneConfig
 from pipelines.tracking import TrackerParams
 
@@ -141,10 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         report["low_score"] += rows
         print(table(rows, f"\n== low_score {low} (inertia {inertia0} frames, {inertia_s0} s)"))
     report["inertia"] = []
-    for frames, seconds in INERTIA:
-        rows = evaluate(seqs, low0, frames, seconds)
-        report["inertia"] += rows
-        print(table(rows, f"\n== zone inertia {frames} frame(s), {seconds} s (low_score {low0})"))
+    for stride in (1, 2):  # 25 fps, and every other frame: the same scenes at 12.5 fps
+        fps_seqs = [(source, every(seq, stride)) for source, seq in seqs]
+        fps = seqs[0][1].fps / stride
+        for frames, seconds in INERTIA:
+            rows = evaluate(fps_seqs, low0, frames, seconds)
+            for r in rows:
+                r["fps"] = fps
+            report["inertia"] += rows
+            title = f"\n== zone inertia {frames} frame(s), {seconds} s at {fps:g} fps (low_score {low0})"
+            print(table(rows, title))
     if args.cpu:
         report["decode_nms_ms"] = cost = decode_cost(LOW_SCORES)
         print("\n== host decode + NMS per frame, bundled NanoDet on the bundled clip (ms; boxes a frame)")

@@ -438,6 +438,11 @@ def load_mot15(name: str, source: str = "test", root: Path | None = None, seed: 
     return MotSequence(name, MOT15_FPS, MOT15_SIZE, gt, dets)
 
 
+def every(seq: MotSequence, k: int) -> MotSequence:
+    """Every ``k``-th frame of ``seq``: the same scene from a camera at 1/k of the rate."""
+    return MotSequence(seq.name, seq.fps / k, seq.size, seq.gt[::k], seq.detections[::k])
+
+
 def inside_polygon(x: np.ndarray, y: np.ndarray, polygon: np.ndarray) -> np.ndarray:
     """(K,) bool: points inside the polygon ((P, 2), pixels), by the crossing-number test."""
     inside = np.zeros(len(x), bool)
