@@ -27,10 +27,12 @@ MAX_TRUSTED_KEYS = 64
 class DeployGateConfig(StrictModel):
     """The agreement floor a candidate must reach against the serving model on recent live frames."""
 
-    # Share of the serving model's detections the candidate matches (pipelines.agreement). Low enough for
-    # a retrained model (it differs, it is not broken), high enough that a broken export fails: shuffled
-    # labels, wrong normalisation or a wrong input size agree on almost nothing.
-    min_agreement: float = Field(0.5, ge=0.0, le=1.0)
+    # mAP50 of the candidate against the serving model's detections (pipelines.agreement, as the precision
+    # gate). Measured on the bundled NanoDet, 150 frames of bikes.mp4, ONNX Runtime: labels shuffled 0.04,
+    # normalised /255 without mean 0.09, objects at 320/416 of their scale 0.33, RGB fed for BGR 0.56;
+    # stand-ins for a retrained version (weights perturbed by 2 % / 3 %) 0.95 / 0.67. 0.6 refuses each
+    # broken one and leaves a retrained model room.
+    min_agreement: float = Field(0.6, ge=0.0, le=1.0)
     frames: int = Field(50, ge=1, le=10_000)  # the last N frames of the model's cameras
 
 
