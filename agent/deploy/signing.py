@@ -51,12 +51,15 @@ def fingerprint(public: Ed25519PublicKey) -> str:
 
 
 # ---- key files --------------------------------------------------------------------------------------------
-def generate_keys(directory: Path, key_id: str, *, force: bool = False) -> tuple[Path, Path]:
-    """A new key pair as `{directory}/{key_id}.key` (private, 0600) and `.pub` (public); an existing file is
-    never replaced unless `force`. DeployError naming the path."""
-    problem = key_id_problem(key_id)
-    if problem is not None:
-        raise DeployError(f"key id: {problem}")
+def generate_keys(
+    directory: Path, key_id: str | None = None, *, force: bool = False
+) -> tuple[Path, Path]:
+    """A new key pair as `{directory}/{key_id}.key` (private, 0600) and `.pub` (public); key_id None: the
+    key's fingerprint. An existing file is never replaced unless `force`. DeployError naming the path."""
+    if key_id is not None and key_id_problem(key_id) is not None:
+        raise DeployError(f"key id: {key_id_problem(key_id)}")
+    key = Ed25519PrivateKey.generate()
+    key_id = key_id or fingerprint(key.public_key())
     private_path = directory / f"{key_id}{PRIVATE_SUFFIX}"
     public_path = directory / f"{key_id}{PUBLIC_SUFFIX}"
     if not force:
@@ -67,7 +70,6 @@ def generate_keys(directory: Path, key_id: str, *, force: bool = False) -> tuple
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise DeployError(f"{directory}: cannot create the key folder: {exc.strerror or exc}") from None
-    key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
