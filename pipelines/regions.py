@@ -134,9 +134,14 @@ class RegionSpec:
         return pts * (np.asarray(size, np.float64) / np.asarray(ref, np.float64))
 
 
+# What the compiled steps must agree on: the tracker's class row, and the revision of their arguments and
+# arithmetic (STEP; 2: zones' inertia_s), so that a build older than this code falls back to numpy.
+KERNEL_LAYOUT = {"CLS": CLS, "STEP": 2}
+
+
 def _regions_module() -> ModuleType | None:
     """The compiled steps (pipelines.kernels), if built and reading the tracker's class row."""
-    return kernels.load("regions", {"CLS": CLS})
+    return kernels.load("regions", KERNEL_LAYOUT)
 
 
 def _label_mask(specs: Sequence[RegionSpec], n_classes: int) -> np.ndarray:

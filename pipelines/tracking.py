@@ -155,6 +155,7 @@ _LAYOUT = {
         ("STATE", STATE),
         ("HITS", HITS),
         ("ROWS", ROWS),
+        ("STEP", 2),  # the step's revision (2: expiry before matching): an older build falls back to numpy
     )
 }
 

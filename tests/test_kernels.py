@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from agent.bench.track_eval import SceneOptions, scene
-from pipelines import kernels, tracking
+from pipelines import kernels, regions, tracking
 from pipelines.analytics import Analysis, AnalyticsSettings, CameraAnalytics
 from pipelines.frames import Detections
 from pipelines.lines import Lines
@@ -256,7 +256,7 @@ def test_strided_and_other_dtypes_are_taken() -> None:
 
 def test_wrong_arrays_are_refused_not_read() -> None:
     """The kernels check what they index (no read or write outside an array on a caller's mistake)."""
-    mod = kernels.load("regions", {"CLS": tracking.CLS})
+    mod = kernels.load("regions", regions.KERNEL_LAYOUT)
     assert mod is not None
     table = np.zeros((40, 3))
     with pytest.raises(TypeError, match="state"):

@@ -276,4 +276,4 @@ cdef class LinesKernel:
                     p += 1
         return rows_a, cols_a, dirs_a, cls_a
 
-LAYOUT = {"CLS": R_CLS}
+LAYOUT = {"CLS": R_CLS, "STEP": 2}  # STEP: pipelines.regions.KERNEL_LAYOUT's revision (2: inertia_s)

@@ -36,7 +36,7 @@ cdef enum:
 LAYOUT = {"VEL": R_VEL, "VAR_POS": R_VAR_POS, "COV_PV": R_COV_PV, "VAR_VEL": R_VAR_VEL, "CUR": R_CUR,
           "SCORE": R_SCORE, "BEST": R_BEST, "BEST_SCORE": R_BEST_SCORE, "LAST_T": R_LAST_T,
           "FIRST_SEEN": R_FIRST_SEEN, "ID": R_ID, "CLS": R_CLS, "STATE": R_STATE, "HITS": R_HITS,
-          "ROWS": ROWS}
+          "ROWS": ROWS, "STEP": 2}  # STEP: the step's revision (2: expiry before matching, finite times)
 
 cdef double TENTATIVE = 0.0, TRACKED = 1.0, LOST = 2.0
 
