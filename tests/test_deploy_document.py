@@ -259,7 +259,9 @@ def test_a_key_given_twice_is_refused() -> None:
 def test_several_problems_are_counted_by_field_and_the_first_named() -> None:
     doc = put(put(base(), ("model",), 5), ("watch_s",), -1)
     exc = refused(doc)
-    assert exc.field == "model" and str(exc).endswith("(and 1 more fields)")
+    assert exc.field == "model" and str(exc).endswith("(and 1 more field)")
+    exc = refused(put(put(base(), ("model",), 5), ("version",), 5) | {"watch_s": -1})
+    assert str(exc).endswith("(and 2 more fields)")
 
 
 def test_text_without_a_utf8_form_is_refused() -> None:

@@ -169,7 +169,7 @@ def parse_document(raw: bytes | Mapping[str, Any], where: str) -> tuple[Deployme
         errors = exc.errors(include_url=False, include_input=True, include_context=True)
         field, message = _explain(errors[0])
         others = len({_explain(e)[0] for e in errors} - {field})
-        more = f" (and {others} more fields)" if others else ""
+        more = f" (and {others} more field{'s' if others > 1 else ''})" if others else ""
         raise DeployError(f"{prefix}{field}: {message}{more}", field) from None
     body = copy.deepcopy(dict(data))
     canonical_bytes(body)  # a mapping given by a caller may hold what JSON cannot
