@@ -168,3 +168,24 @@ def _test_ca() -> str:
         .sign(key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_check_config_names_a_bad_trusted_key(tmp_path: Path, pub: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(BASE + "deploy: {enabled: true, trusted_keys: {ops: keys/ops.key}}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "run", "-c", str(path), "--check-config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    key = pub.with_suffix(".key")
+    assert proc.stderr == f"edge-agent: {path}: deploy.trusted_keys.ops: {key}: not a PEM public key\n"
+    assert key.read_text().splitlines()[1] not in proc.stderr
