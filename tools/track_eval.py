@@ -35,7 +35,8 @@ MIN_SCORE = 0.4  # the camera's default min_score (agent/config/camera.py); new 
 def defaults() -> tuple[float, int, float]:
     """The shipped low_score, zone inertia (frames) and inertia_s."""
     zone = ZoneConfig.model_fields
-    return TrackingConfig.model_fields["low_score"].default, zone["inertia"].default, zone["inertia_s"].default
+    low = TrackingConfig.model_fields["low_score"].default
+    return low, zone["inertia"].default, zone["inertia_s"].default
 
 
 def params(low_score: float) -> TrackerParams:
