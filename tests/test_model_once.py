@@ -11,7 +11,7 @@ import pytest
 
 import agent.lifecycle.model as model_module
 from agent.cli import demo_config
-from agent.daemon import Agent
+from agent.daemon import local_device
 
 
 @pytest.mark.parametrize("postprocess", ["host", "graph"])
@@ -36,13 +36,13 @@ def test_an_agent_reads_each_model_s_labels_once(
             "console": False,
         }
     )
-    agent = Agent(cfg, console=False)
+    agent = local_device(cfg, console=False)
     try:
         agent.start()
         deadline = time.monotonic() + 60
-        while agent.results_out.get("nanodet", 0) < 2 and time.monotonic() < deadline:
+        while agent.runtime.results_out.get("nanodet", 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert agent.results_out.get("nanodet", 0) >= 2, "no results"
+        assert agent.runtime.results_out.get("nanodet", 0) >= 2, "no results"
     finally:
         agent.stop()
     assert reads == {"nanodet": 1}, reads

@@ -21,7 +21,9 @@ from fixtures_mqtt import free_port
 from fixtures_notify import NotifySocket
 
 from agent.config import parse_config
-from agent.daemon import Agent
+from agent.daemon import local_device
+from agent.device import Device
+from agent.runtime.local import LocalRuntime
 from agent.service.notify import Notifier, ServiceError, watchdog_interval
 from agent.service.supervisor import ModelProgress, Progress, StallDetector, is_ready
 from engines.runtimes.ort import OrtBackend
@@ -71,12 +73,12 @@ class Gate:
 
 def in_process_agent(
     tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch, url: str, **camera: object
-) -> Agent:
+) -> Device[LocalRuntime]:
     # libsystemd reads NOTIFY_SOCKET from the process environment itself.
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
     monkeypatch.setenv("WATCHDOG_USEC", str(int(WATCHDOG_S * 1e6)))
     cfg = parse_config(config(tmp_path, url, **camera))
-    return Agent(cfg, console=False, notifier=Notifier())
+    return local_device(cfg, console=False, notifier=Notifier())
 
 
 def test_ready_only_after_first_inference_and_watchdog_follows_frame_progress(
@@ -86,7 +88,7 @@ def test_ready_only_after_first_inference_and_watchdog_follows_frame_progress(
     agent = in_process_agent(tmp_path, notify, monkeypatch, str(ASSETS / "bikes.mp4"))
     try:
         agent.start()
-        cam = agent.cameras["street"]
+        cam = agent.runtime.cameras["street"]
         assert wait_until(lambda: cam.state == "streaming" and cam.reader.frames_in > 3, 15)
         time.sleep(3 * agent.supervisor.tick_s)
         # The camera streams and the worker holds a batch, but nothing went through inference yet.
@@ -98,7 +100,7 @@ def test_ready_only_after_first_inference_and_watchdog_follows_frame_progress(
         assert notify.wait_for(lambda m: any("READY" in f for _, f in m), 15), notify.messages
         ready_at = notify.times("READY")[0]
         assert ready_at > opened
-        assert agent.results_out["detector"] > 0
+        assert agent.runtime.results_out["detector"] > 0
         ready = next(f for _, f in notify.messages if "READY" in f)
         assert ready["STATUS"].startswith("1/1 cameras streaming"), ready
         assert "detector onnxruntime fp32" in ready["STATUS"]
@@ -140,7 +142,7 @@ def test_zero_cameras_streaming_keeps_the_watchdog_fed(
         time.sleep(3 * WATCHDOG_S)
         pings = [t for t in notify.times("WATCHDOG") if t > since]
         assert len(pings) >= 3 * WATCHDOG_S / agent.supervisor.tick_s - 3
-        assert agent.cameras["street"].state in ("reconnecting", "failed")
+        assert agent.runtime.cameras["street"].state in ("reconnecting", "failed")
     finally:
         agent.stop()
 
@@ -297,41 +299,41 @@ def test_reloads_reopen_add_and_remove_models_in_the_running_agent(
     path.write_text(yaml.safe_dump(data))
     from agent.config import load_config
 
-    agent = Agent(load_config(path), console=False, config_path=path, notifier=Notifier())
+    agent = local_device(load_config(path), console=False, config_path=path, notifier=Notifier())
     try:
         agent.start()
-        assert wait_until(lambda: agent.results_out["detector"] >= 2, 30)
-        old_worker, old_backend = agent.workers["detector"], agent.workers["detector"].backend
+        assert wait_until(lambda: agent.runtime.results_out["detector"] >= 2, 30)
+        old_worker, old_backend = agent.runtime.workers["detector"], agent.runtime.workers["detector"].backend
 
         # 1. A changed model section: the model is reopened, its camera restarted on the new worker.
         data["models"]["detector"]["iou_threshold"] = 0.6
         path.write_text(yaml.safe_dump(data))
         assert agent.reload()
-        assert agent.workers["detector"] is not old_worker and not old_worker.running
+        assert agent.runtime.workers["detector"] is not old_worker and not old_worker.running
         assert not old_backend.loaded  # closed once its worker stopped
-        n = agent.results_out["detector"]
-        assert wait_until(lambda: agent.results_out["detector"] >= n + 2, 30)
+        n = agent.runtime.results_out["detector"]
+        assert wait_until(lambda: agent.runtime.results_out["detector"] >= n + 2, 30)
 
         # 2. A second model with a camera of its own, then the first one removed with its camera.
         data["models"]["second"] = dict(data["models"]["detector"])
         data["cameras"]["side"] = {"url": str(ASSETS / "bikes.mp4"), "model": "second", "fps": 10}
         path.write_text(yaml.safe_dump(data))
         assert agent.reload()
-        assert wait_until(lambda: agent.results_out.get("second", 0) >= 2, 30)
+        assert wait_until(lambda: agent.runtime.results_out.get("second", 0) >= 2, 30)
         del data["models"]["detector"], data["cameras"]["street"]
         path.write_text(yaml.safe_dump(data))
         assert agent.reload()
-        assert set(agent.workers) == {"second"} and set(agent.cameras) == {"side"}
-        assert agent.engines.models == [] or "detector" not in agent.engines.models
-        n = agent.results_out["second"]
-        assert wait_until(lambda: agent.results_out["second"] >= n + 2, 30)
+        assert set(agent.runtime.workers) == {"second"} and set(agent.runtime.cameras) == {"side"}
+        assert agent.runtime.engines.models == [] or "detector" not in agent.runtime.engines.models
+        n = agent.runtime.results_out["second"]
+        assert wait_until(lambda: agent.runtime.results_out["second"] >= n + 2, 30)
 
         # 3. A broken one: refused, said in the service status, the agent as it was.
         path.write_text("models: {}\n")
         assert not agent.reload()
         assert agent.last_reload is not None and agent.last_reload["ok"] is False
         assert "agent.yaml: cameras: required key is missing" in agent.last_reload["error"]
-        assert set(agent.workers) == {"second"}
+        assert set(agent.runtime.workers) == {"second"}
         failed = notify.wait_for(lambda m: any("last reload failed" in f.get("STATUS", "") for _, f in m), 5)
         assert failed, notify.messages[-3:]
     finally:

@@ -23,7 +23,7 @@ from agent.shards import engines as shard_engines
 from agent.shards.engines import gpu_models
 from agent.shards.placement import place
 from agent.shards.protocol import RebuildAsked
-from agent.shards.sharded import ShardedAgent
+from agent.shards.sharded import ShardedRuntime
 from engines.buildproc import Result
 from engines.cuda.gpu_probe import GpuInfo
 
@@ -74,7 +74,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
     fake_nvml: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent = ShardedAgent(cfg_of([0, 1, 2]))
+    agent = ShardedRuntime(cfg_of([0, 1, 2]))
     assert sorted(agent.managers, key=str) == ["NVIDIA A2, sm 8.6", "NVIDIA L4, sm 8.9"]
     l4, a2 = agent.managers["NVIDIA L4, sm 8.9"].role, agent.managers["NVIDIA A2, sm 8.6"].role
     assert isinstance(l4, SupervisorRole) and isinstance(a2, SupervisorRole)
@@ -92,12 +92,15 @@ def test_one_lifecycle_per_gpu_model_and_rebuilds_routed_by_shard(
 
 def test_same_gpu_model_everywhere_keeps_one_lifecycle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_engines, "gpu_models", lambda plan: gpu_models(plan, lambda i: fake_info(0)))
-    agent = ShardedAgent(cfg_of([0, 1]))
+    agent = ShardedRuntime(cfg_of([0, 1]))
     assert list(agent.managers) == [None]
 
 
 def test_engine_state_lists_each_gpu_models_plan(fake_nvml: None) -> None:
-    agent = ShardedAgent(cfg_of([0, 1]))
+    from agent.daemon import sharded_device
+
+    cfg = cfg_of([0, 1])
+    agent = sharded_device(cfg, place(cfg))
     sent: list[tuple[str, bytes]] = []
 
     class FakeMqtt:
@@ -105,10 +108,9 @@ def test_engine_state_lists_each_gpu_models_plan(fake_nvml: None) -> None:
             sent.append((topic, body))
 
     agent.mqtt = FakeMqtt()  # type: ignore[assignment]
-    agent.shard_engines.own_state(
-        "m", {"state": "ready", "key": "aaa", "precision": "fp16"}, group="NVIDIA L4, sm 8.9"
-    )
-    agent.shard_engines.own_state("m", {"state": "building", "key": None}, group="NVIDIA A2, sm 8.6")
+    engines = agent.runtime.shard_engines
+    engines.own_state("m", {"state": "ready", "key": "aaa", "precision": "fp16"}, group="NVIDIA L4, sm 8.9")
+    engines.own_state("m", {"state": "building", "key": None}, group="NVIDIA A2, sm 8.6")
     import json
 
     last = json.loads(sent[-1][1])

@@ -162,7 +162,7 @@ def test_install_service_stages_user_dirs_files_and_a_verifiable_unit(
 def test_installed_example_config_runs_the_bundled_model_as_shipped(
     tmp_path: Path, service_exe: Path
 ) -> None:
-    from agent.daemon import Agent
+    from agent.daemon import local_device
 
     root = tmp_path / "root"
     Installer(root, "edge-agent", service_exe, say=lambda _l: None).run()
@@ -171,10 +171,10 @@ def test_installed_example_config_runs_the_bundled_model_as_shipped(
     # Only where it writes and talks to moves: a temp engine dir, and no broker in this test.
     no_broker = cfg.mqtt.model_copy(update={"enabled": False})
     cfg = cfg.model_copy(update={"engine_dir": tmp_path / "engines", "mqtt": no_broker})
-    agent = Agent(cfg, console=False)
+    agent = local_device(cfg, console=False)
     try:
         agent.start()
-        assert wait_until(lambda: agent.results_out.get("detector", 0) >= 3, 60)
+        assert wait_until(lambda: agent.runtime.results_out.get("detector", 0) >= 3, 60)
     finally:
         t0 = time.monotonic()
         agent.stop()

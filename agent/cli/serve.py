@@ -127,7 +127,8 @@ def _serve(
     console: Console,
     stop_unread: bool,
 ) -> int:
-    from agent.daemon import Agent  # heavy imports (cv2, onnxruntime) only for commands that run
+    from agent.daemon import local_device, sharded_device  # heavy imports only for commands that run
+    from agent.device import Device
     from agent.service.notify import Notifier, ServiceError
     from agent.shards.placement import place
 
@@ -142,13 +143,11 @@ def _serve(
 
         gpus_seen = NVML.count()  # several GPUs: shards spread over them unless pipeline.gpus says
     plan = place(cfg, gpus_seen=gpus_seen)
-    agent: Any
+    agent: Device[Any]
     if plan.count > 1:  # pipeline.shards: a supervisor over worker processes (agent.shards)
-        from agent.shards.sharded import ShardedAgent
-
-        agent = ShardedAgent(cfg, config_path=config_path, notifier=notifier, level=level, plan=plan)
+        agent = sharded_device(cfg, plan, level=level, config_path=config_path, notifier=notifier)
     else:
-        agent = Agent(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
+        agent = local_device(cfg, quiet_mqtt=quiet_mqtt, config_path=config_path, notifier=notifier)
     if stop_unread:
         console.on_gone = agent.request_stop
     else:

@@ -8,7 +8,7 @@ MQTT goes through the owner's client as it is at each call (``MqttOut``): a relo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +20,7 @@ from agent.mqtt.commands import CommandError
 from agent.mqtt.topics import Topics, payload
 from agent.results import ConsoleSink, detection_fields
 from agent.runtime.cameras import CameraRuntime
+from agent.runtime.protocol import Mirror
 from agent.telemetry import StageWindow
 from pipelines.frames import host_image, stage_latencies_ms
 from pipelines.scheduler import Result, Sink
@@ -28,13 +29,13 @@ ON_CHANGE_KEEPALIVE_S = 10.0  # publish.detections on_change: a message at least
 
 
 class MqttOut(Protocol):
-    """The owner of the MQTT client in use now (the Agent): read at each publish, never kept."""
+    """The owner of the MQTT client in use now (a runtime's outlet): read at each publish, never kept."""
 
-    mqtt: MqttClient | None
-    topics: Topics
+    @property
+    def mqtt(self) -> MqttClient | None: ...
 
-
-Mirror = Callable[[str, bytes, bool], None]
+    @property
+    def topics(self) -> Topics: ...
 
 
 class EventOut:
@@ -110,7 +111,7 @@ class ResultSinks:
         """A model's sinks, in order; its frame tap is made here."""
         self.taps[name] = FrameTap()
         self.results_out.setdefault(name, 0)
-        sinks = [self._publish, self._telemetry, self._console_line, self.taps[name]]
+        sinks: list[Sink] = [self._publish, self._telemetry, self._console_line, self.taps[name]]
         return [*sinks, self._progress]  # last: a result counts as progress once every sink took it
 
     def forget_model(self, name: str) -> None:

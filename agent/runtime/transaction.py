@@ -3,8 +3,9 @@
 ``prepare`` does everything that can fail while nothing has changed yet: it opens the models to add or
 reopen (ONNX Runtime serves at once; engines build in the background as at start) and checks the class
 masks, zones and lines of new and changed cameras against the labels they will use. A failure closes what
-was opened, puts back what was detached, and re-raises. ``close`` and ``open`` then cannot fail: leaving
-cameras and models go, the new ones start. The owner switches its MQTT client and config in between.
+was opened, puts back what was detached (``rollback``, also the owner's when it cannot follow), and
+re-raises. ``close`` and ``open`` then cannot fail: leaving cameras and models go, the new ones start.
+The owner switches its MQTT client and config in between.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent.config import AgentConfig, ModelConfig
+from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager, ModelEngine
 from agent.reload import ReloadPlan
 from agent.runtime.sinks import ResultSinks
@@ -34,33 +36,42 @@ class ReloadTransaction:
         self._reopen = plan.models_added + plan.models_changed
         self._old_workers = {n: pipeline.workers[n] for n in plan.models_changed}
         self._detached: dict[str, ModelEngine | None] = {}
+        self._old_labels: dict[str, list[str]] = {}
+        self._old_taps: dict[str, FrameTap] = {}
+        self._opened: list[str] = []
 
     def prepare(self, open_model: OpenModel) -> None:
-        """Open the models and check the cameras; on failure, undo and re-raise."""
+        """Open the models and check the cameras; on failure, undo (rollback) and re-raise."""
         plan, new, pipeline = self.plan, self.new, self.pipeline
-        old_labels = {n: pipeline.labels[n] for n in plan.models_changed}
-        old_taps = {n: self.sinks.taps[n] for n in plan.models_changed}
+        self._old_labels = {n: pipeline.labels[n] for n in plan.models_changed}
+        self._old_taps = {n: self.sinks.taps[n] for n in plan.models_changed}
         self._detached = {n: self.engines.detach(n) for n in plan.models_changed}
-        opened: list[str] = []
         try:
             for name in self._reopen:
                 open_model(name, new.models[name], new)
-                opened.append(name)
+                self._opened.append(name)
             changed = (
                 plan.cameras_added + plan.cameras_restarted + plan.cameras_rerouted + plan.cameras_analytics
             )
             for name in dict.fromkeys(changed):
                 pipeline.check_camera(name, new.cameras[name], new)
         except Exception:
-            for name in opened:
-                pipeline.workers.pop(name).close_backends()
-                self.engines.retire(self.engines.detach(name))
-            pipeline.workers.update(self._old_workers)
-            pipeline.labels.update(old_labels)
-            self.sinks.taps.update(old_taps)
-            for name, me in self._detached.items():
-                self.engines.attach(name, me)
+            self.rollback()
             raise
+
+    def rollback(self) -> None:
+        """Close what prepare opened and put back what it detached: as if it never ran."""
+        pipeline = self.pipeline
+        for name in self._opened:
+            pipeline.workers.pop(name).close_backends()
+            self.engines.retire(self.engines.detach(name))
+        self._opened = []
+        pipeline.workers.update(self._old_workers)
+        pipeline.labels.update(self._old_labels)
+        self.sinks.taps.update(self._old_taps)
+        for name, me in self._detached.items():
+            self.engines.attach(name, me)
+        self._detached = {}
 
     def close(self, on_removed: Callable[[str], None]) -> None:
         """Close what leaves. Every leaving camera is asked to stop first, so slow ones (a read or an open in

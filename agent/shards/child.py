@@ -1,4 +1,4 @@
-"""A shard process: the daemon's Agent over the cameras the supervisor gave it, linked by one pipe.
+"""A shard process: a LocalRuntime over the cameras the supervisor gave it, linked by one pipe.
 
 Messages: agent.shards.protocol. The supervisor's first is `Assign` (index, config part, log level, first
 track id); the shard answers `Started` or `Failed` once, then sends camera states, a progress report every
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agent.config import AgentConfig
 from agent.logs import setup_logging
-from agent.shards.link import ShardLink
+from agent.shards.link import ShardLink, ShardOutlet
 from agent.shards.protocol import (
     Answer,
     Assign,
@@ -67,8 +68,8 @@ def _logging(index: int, level: str) -> None:
 
 
 def shard_main(assign: Assign, conn: Connection) -> None:
-    """The shard process (main() below): start the Agent on this shard's cameras, serve the supervisor's
-    requests until told to stop, then stop it."""
+    """The shard process (main() below): a LocalRuntime on this shard's cameras, publishing through its own
+    MQTT client and the pipe; serves the supervisor's requests until told to stop, then stops it."""
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(key, None)  # READY/WATCHDOG come from the supervisor only
     stop = threading.Event()
@@ -76,31 +77,90 @@ def shard_main(assign: Assign, conn: Connection) -> None:
         signal.signal(sig, signal.SIG_IGN)
     _logging(assign.index, assign.level)
     link = ShardLink(assign.index, conn)
-    from agent.daemon import Agent  # heavy imports after the signals are set
+    from agent.lifecycle.roles import ShardRole  # heavy imports after the signals are set
+    from agent.runtime.local import LocalRuntime
+    from agent.telemetry import process_stats
 
-    agent = Agent(assign.part, shard=link, first_id=assign.first_id)
+    outlet = ShardOutlet(link, assign.part)
+    runtime = LocalRuntime(assign.part, role=ShardRole(link.request_rebuild), first_id=assign.first_id)
+    runtime.attach(outlet)
     try:
-        agent.start()
+        runtime.open()
+        if outlet.mqtt is not None:
+            outlet.mqtt.start()
+        runtime.start()
     except Exception as exc:  # the supervisor reports it (start-up: an error; later: restarts with backoff)
         link.send(Failed(str(exc) or repr(exc)))
-        agent.stop()
+        runtime.stop()
+        outlet.close()
         sys.exit(EXIT_START_FAILED)
+    process_stats()  # primes psutil's CPU counter so the first telemetry has a real value
     link.send(Started(os.getpid()))
-    reporter = threading.Thread(target=_report, args=(agent, link, stop), name="shard-progress", daemon=True)
-    reporter.start()
+    shard = _Shard(runtime, outlet, stop)
+    for target, name in ((shard.report, "shard-progress"), (shard.telemetry, "telemetry")):
+        threading.Thread(target=target, name=name, daemon=True).start()
     try:
-        _serve(agent, link, conn, stop)
+        _serve(shard, link, conn, stop)
     finally:
         stop.set()
-        agent.stop()
+        runtime.stop()
+        outlet.close()
 
 
-def _report(agent: Any, link: ShardLink, stop: threading.Event) -> None:
-    while not stop.wait(PROGRESS_S):
+class _Shard:
+    """This process's runtime and outlet, as the pipe's requests and the report threads use them."""
+
+    def __init__(self, runtime: Any, outlet: ShardOutlet, stop: threading.Event) -> None:
+        self.runtime, self.outlet, self.stop = runtime, outlet, stop
+
+    @property
+    def taps(self) -> Any:
+        return self.runtime.taps
+
+    def snapshot(self, camera: str) -> dict[str, Any]:
+        return dict(self.runtime.snapshot(camera))
+
+    def apply_config(self, new: AgentConfig) -> str:
+        """A reload: the supervisor read, checked and placed the config; this applies this shard's part in
+        place (plan -> prepare -> commit, as a device does) and says what changed."""
+        from agent.reload import plan_reload
+
+        runtime, outlet = self.runtime, self.outlet
+        plan = plan_reload(runtime.cfg, new)
+        prepared = runtime.prepare(new, plan)
         try:
-            link.send(ProgressReport(agent.progress()))
+            client = outlet.make_mqtt(new) if plan.mqtt else None
         except Exception:
-            log.exception("shard progress report failed")
+            prepared.rollback()
+            raise
+
+        def switch() -> None:
+            if plan.mqtt:
+                outlet.replace_mqtt(client, new)
+            if plan.log_level:
+                logging.getLogger().setLevel(getattr(logging, new.log_level.upper()))
+
+        return str(prepared.commit(switch))
+
+    def report(self) -> None:
+        """The progress every PROGRESS_S (the supervisor's READY, STATUS, WATCHDOG and hang check)."""
+        while not self.stop.wait(PROGRESS_S):
+            try:
+                self.outlet.link.send(ProgressReport(self.runtime.progress()))
+            except Exception:
+                log.exception("shard progress report failed")
+
+    def telemetry(self) -> None:
+        """Every telemetry.interval_s: the fields and the stage samples to the supervisor, which publishes
+        one payload for every shard; the camera states again on this shard's client."""
+        while not self.stop.wait(self.runtime.cfg.telemetry.interval_s):
+            try:
+                mqtt = self.outlet.mqtt.stats() if self.outlet.mqtt is not None else None
+                runtime = self.runtime
+                self.outlet.link.telemetry(runtime.telemetry_fields(mqtt), runtime.stages.drain())
+                runtime.after_telemetry()
+            except Exception:
+                log.exception("telemetry failed")
 
 
 class _Requests:

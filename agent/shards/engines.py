@@ -48,8 +48,12 @@ class ShardOwner(Protocol):
     cfg: AgentConfig
     plan: ShardPlan
     hosts: list[ShardHost]
-    mqtt: MqttClient | None
-    topics: Topics
+
+    @property
+    def mqtt(self) -> MqttClient | None: ...
+
+    @property
+    def topics(self) -> Topics: ...
 
 
 class ShardEngines:
@@ -175,5 +179,4 @@ class RemoteTap:
     def frames(
         self, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
     ) -> Iterator[tuple[np.ndarray, str]]:
-        arg = (self._model, total, interval_s, timeout_s * self._slower)
-        yield from self._host.stream("tap", arg, stop)
+        yield from self._host.tap(self._model, total, interval_s, timeout_s * self._slower, stop)

@@ -269,11 +269,6 @@ class ShardHost:
             except (OSError, EOFError, ValueError):
                 return False
 
-    def stream(self, kind: str, arg: tuple, stop: threading.Event | None = None) -> Iterator[Any]:
-        """RemoteTap's call until agent/shards/engines.py calls tap() (kept for a commit in flight)."""
-        assert kind == "tap"
-        yield from self.tap(*arg, stop)
-
     def tap(
         self, model: str, total: int, interval_s: float, timeout_s: float, stop: threading.Event | None = None
     ) -> Iterator[Any]:

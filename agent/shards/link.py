@@ -1,6 +1,7 @@
-"""The shard's end of its pipe to the supervisor (messages: agent.shards.protocol). The daemon's Agent sends
-its camera, telemetry, engine and event news through it; apart from the daemon so that neither imports the
-other."""
+"""The shard's end of its pipe to the supervisor (messages: agent.shards.protocol), and the outlet its
+LocalRuntime publishes through (agent.runtime.protocol.Outlet): the shard's own MQTT client for its
+cameras' topics (no will, status or commands: the supervisor's), camera, engine and telemetry news and
+copies of its events up the pipe."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agent.config import AgentConfig
+from agent.mqtt import MqttClient
+from agent.runtime.protocol import Mirror, device_topics
 from agent.runtime.reports import CameraState
 from agent.shards.protocol import (
     CameraChanged,
@@ -43,7 +47,7 @@ class ShardLink:
             except (OSError, EOFError, ValueError):  # the supervisor is gone: stop (main loop)
                 self.lost.set()
 
-    # ---- what the Agent calls ------------------------------------------------------------------
+    # ---- news -----------------------------------------------------------------------------------
     def camera_state(self, camera: str, state: CameraState) -> None:
         self.send(CameraChanged(camera, state))
 
@@ -68,3 +72,44 @@ class ShardLink:
             fields = json.loads(body)
             if fields.get("type") in MIRRORED:
                 self.send(TrackEvent(fields["camera"], fields))
+
+
+class ShardOutlet:
+    """What the shard's LocalRuntime publishes through (agent.runtime.protocol.Outlet): the shard's own
+    MQTT client for its cameras' topics, the rest up the pipe."""
+
+    def __init__(self, link: ShardLink, cfg: AgentConfig) -> None:
+        self.link = link
+        self.topics = device_topics(cfg)
+        self.mqtt = self.make_mqtt(cfg)
+
+    @property
+    def mirror(self) -> Mirror:
+        return self.link.mirror
+
+    def camera_changed(self, camera: str, state: CameraState) -> None:
+        self.link.camera_state(camera, state)  # the supervisor's status counts it
+
+    def status_changed(self) -> None:
+        """Nothing: the supervisor's device publishes the status from the camera states it is sent."""
+
+    def engine_state(self, model: str, fields: dict[str, Any]) -> None:
+        self.link.engine_state(model, fields)
+
+    def make_mqtt(self, cfg: AgentConfig) -> MqttClient | None:
+        """A client for `cfg` (not started): the shard form (agent.mqtt), watching nothing."""
+        if not cfg.mqtt.enabled:
+            return None
+        return MqttClient.from_config(cfg.mqtt, device_topics(cfg), shard=self.link.index)
+
+    def replace_mqtt(self, client: MqttClient | None, cfg: AgentConfig) -> None:
+        """A reload's client in place of the old one (closed first; the new one starts)."""
+        old, self.mqtt, self.topics = self.mqtt, client, device_topics(cfg)
+        if old is not None:
+            old.close()
+        if client is not None:
+            client.start()
+
+    def close(self) -> None:
+        if self.mqtt is not None:
+            self.mqtt.close()

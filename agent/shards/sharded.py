@@ -1,18 +1,18 @@
-"""The supervisor of pipeline shards (`pipeline.shards` > 1).
+"""The runtime of a device with pipeline shards (`pipeline.shards` > 1): ShardedRuntime.
 
-It owns what the device has once: the MQTT status (birth, LWT, `offline`), command intake, Home Assistant
-discovery, the engine lifecycle (checks, builds, the accuracy gate: one build, every shard's watcher loads
-the same plan and swaps between two batches), READY/STATUS/WATCHDOG, telemetry and Prometheus. Each shard
-(agent.shards.child) runs the daemon's Agent over its cameras and publishes their topics with its own
-MQTT client (client id `<id>-shard<k>`, no will), so a camera's messages keep their order and the topic
-contract is the one of a single process.
+It runs, under the device (agent.device: the MQTT status, LWT, command intake, Home Assistant discovery,
+READY/STATUS/WATCHDOG, telemetry and Prometheus), what the shards share: the engine lifecycle (checks,
+builds, the accuracy gate: one build, every shard's watcher loads the same plan and swaps between two
+batches) and the shard processes. Each shard (agent.shards.child) runs a LocalRuntime over its cameras and
+publishes their topics with its own MQTT client (client id `<id>-shard<k>`, no will), so a camera's
+messages keep their order and the topic contract is the one of a single process.
 
 Faults stay in their shard: a shard that dies is restarted with backoff (agent.shards.host) while its
 cameras show `reconnecting`; the supervisor closes what it left open (agent.shards.tracks: `zone_leave`
 and `end` for its tracks, its zone and line states at zero), and its restart numbers tracks afresh; a
 shard that stops reporting for HUNG_S is killed and restarted; WATCHDOG=1 goes out only while every
 running shard makes progress (a shard waiting for its restart is a camera problem, not a reason for
-systemd to restart the service).
+systemd to restart the service). Its lines keep the logger name `agent.shards.sharded`.
 """
 
 from __future__ import annotations
@@ -20,23 +20,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
-from agent.mqtt.commands import CommandError, CommandRouter, SnapshotRequest
+from agent.mqtt.commands import CommandError
 from agent.mqtt.topics import Topics
-from agent.owner import DeviceOwner
 from agent.reload import ReloadPlan
+from agent.runtime.protocol import Outlet
 from agent.runtime.reports import CameraState, camera_state_payload
 from agent.service.notify import Notifier, extending
-from agent.service.signals import SignalInbox
-from agent.service.supervisor import Progress, Supervisor
+from agent.service.supervisor import Progress
 from agent.shards import status
 from agent.shards.engines import ShardEngines
 from agent.shards.host import ShardHost
@@ -52,10 +50,10 @@ from agent.shards.protocol import (
     Up,
 )
 from agent.shards.tracks import OpenTracks
-from agent.telemetry import Metrics, StageWindow, process_stats
+from agent.telemetry import StageWindow
 from engines.precision import Precision
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.shards.sharded")  # its lines keep the name they had (journald, greps)
 
 START_S = 300.0  # every shard started (models loaded, cameras tried) or failed, at start-up
 HUNG_S = 30.0  # a running shard silent this long (no progress report) is killed and restarted
@@ -76,38 +74,29 @@ def part_of(cfg: AgentConfig, plan: ShardPlan, k: int) -> AgentConfig:
     )
 
 
-class ShardedAgent(DeviceOwner):
+class ShardedRuntime:
+    """See the module docstring. `level`: the shards' log level; `plan`: the placement (default: the
+    config's); `notifier`: STATUS= while the shards start."""
+
     def __init__(
         self,
         cfg: AgentConfig,
         *,
-        config_path: str | Path | None = None,
-        notifier: Notifier | None = None,
         level: str = "info",
         plan: ShardPlan | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.cfg = cfg
-        self.config_path = Path(config_path) if config_path is not None else None
-        self.started_at = time.time()
         self.level = level
         self.plan = plan or place(cfg)
+        self._notifier = notifier or Notifier()
+        self._outlet: Outlet | None = None
         self._stop = threading.Event()
-        self._signals = SignalInbox()
-        self._reload_lock = threading.Lock()
         self._lock = threading.Lock()
-        self.last_reload: dict | None = None
-        self.notifier = notifier or Notifier()
-        self.supervisor = Supervisor(self.notifier, self.progress)
-        self.topics = Topics(cfg.mqtt.prefix, cfg.device_id)
-        self.commands = CommandRouter(enabled=frozenset(cfg.mqtt.commands))
-        self.commands.register("rebuild", self._cmd_rebuild)
-        self.commands.register("reload", self._cmd_reload)
-        self.commands.register("snapshot", self._cmd_snapshot)
-        self.metrics = Metrics()
         self.stages = StageWindow(capacity=2048 * self.plan.count)
-        self.mqtt: MqttClient | None = None
         self.cameras: dict[str, CameraState] = {}  # as the shards report them
         self._open = [OpenTracks() for _ in range(self.plan.count)]  # what each shard left open
+        self.shard_engines = ShardEngines(self, cfg)
         self._on_message: dict[type, Callable[[int, Any], None]] = {
             ProgressReport: self._on_progress,
             CameraChanged: self._on_camera,
@@ -119,7 +108,6 @@ class ShardedAgent(DeviceOwner):
         }
         self._progress: dict[int, tuple[Progress, float]] = {}
         self._telemetry: dict[int, dict[str, Any]] = {}
-        self.shard_engines = ShardEngines(self, cfg)
         self.hosts = [self._host(k) for k in range(self.plan.count)]
         self._threads: list[threading.Thread] = []
 
@@ -138,25 +126,38 @@ class ShardedAgent(DeviceOwner):
         """The first shard's GPU model's lifecycle: the engine state's own fields."""
         return self.shard_engines.primary
 
-    # ---- start ---------------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._signals.install()
+    # ---- the outlet, read at each call (a reload may replace its MQTT client) ----------------------
+    def attach(self, outlet: Outlet) -> None:
+        self._outlet = outlet
+
+    @property
+    def mqtt(self) -> MqttClient | None:
+        return self._outlet.mqtt if self._outlet is not None else None
+
+    @property
+    def topics(self) -> Topics:
+        assert self._outlet is not None, "ShardedRuntime: attach() an outlet first"
+        return self._outlet.topics
+
+    def _status_changed(self) -> None:
+        if self._outlet is not None:
+            self._outlet.status_changed()
+
+    # ---- start and stop -----------------------------------------------------------------------------
+    def open(self) -> None:
         log.info(
             "%s; cameras per shard: %s",
             self.plan.why,
             {k: len(self.plan.of(k)) for k in range(self.plan.count)},
         )
-        self.mqtt = self._make_mqtt(self.cfg, self.topics)
         for manager in self.managers.values():
             for name in self.cfg.models:  # checks only: the shards load and serve
                 manager.check(name)
-        self.commands.start()
-        if self.mqtt is not None:
-            self.mqtt.start()
-            self._publish_discovery()
+
+    def start(self) -> None:
         for host in self.hosts:
             host.start()
-        with extending(self.notifier, f"starting {len(self.hosts)} pipeline shards"):
+        with extending(self._notifier, f"starting {len(self.hosts)} pipeline shards"):
             deadline = time.monotonic() + START_S
             for host in self.hosts:
                 host.first_outcome.wait(max(0.0, deadline - time.monotonic()))
@@ -168,14 +169,9 @@ class ShardedAgent(DeviceOwner):
             log.error("some pipeline shards did not start (they retry with backoff): %s", why)
         for manager in self.managers.values():
             manager.start()
-        self.supervisor.start()
-        process_stats()
-        if self.cfg.telemetry.prometheus_port:
-            self.metrics.start_http(self.cfg.telemetry.prometheus_port)
-        for target, name in ((self._telemetry_loop, "telemetry"), (self._watch_loop, "shard-watch")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        t = threading.Thread(target=self._watch_loop, name="shard-watch", daemon=True)
+        t.start()
+        self._threads.append(t)
         log.info(
             "edge-agent %s started: device %s, %d model(s), %d camera(s) in %d shards",
             __version__,
@@ -184,6 +180,17 @@ class ShardedAgent(DeviceOwner):
             len(self.plan.cameras),
             len(self.hosts),
         )
+
+    def stop(self) -> None:
+        self._stop.set()
+        t0 = time.monotonic()
+        for host in self.hosts:
+            host.ask_stop()  # all at once: they stop in parallel
+        for host in self.hosts:
+            host.stop(timeout=max(1.0, 10.0 - (time.monotonic() - t0)))
+        for manager in self.managers.values():
+            manager.close()
+        log.info("edge-agent stopped in %.2f s (%d shards)", time.monotonic() - t0, len(self.hosts))
 
     # ---- what the shards say (ShardEvents; their host threads) ---------------------------------------
     def shard_started(self, k: int, pid: int) -> None:
@@ -209,19 +216,20 @@ class ShardedAgent(DeviceOwner):
                 )
             down = {cam: self.cameras[cam] for cam in cams}
         events, regions = self._open[k].close()
-        if self.mqtt is not None:
+        client = self.mqtt
+        if client is not None:
             # Its own client is gone: the supervisor says what happened to its cameras, and closes what it
             # left open (the events contract: every `new` has its `end`; zones empty).
             for cam, state in down.items():
                 body = camera_state_payload(state)
-                self.mqtt.publish(self.topics.camera_state(cam), body, qos=1, retain=True, kind="state")
+                client.publish(self.topics.camera_state(cam), body, qos=1, retain=True, kind="state")
             for cam, body in events:
-                self.mqtt.publish(self.topics.events(cam), body, qos=1, kind="event")
+                client.publish(self.topics.events(cam), body, qos=1, kind="event")
             for topic, body in regions:
-                self.mqtt.publish(topic, body, qos=1, retain=True, kind="state")
+                client.publish(topic, body, qos=1, retain=True, kind="state")
         if events:
             log.info("shard %d: closed %d open track event(s) of its cameras", k, len(events))
-        self._publish_status()
+        self._status_changed()
 
     def shard_message(self, k: int, msg: Up) -> None:
         handler = self._on_message.get(type(msg))
@@ -239,7 +247,7 @@ class ShardedAgent(DeviceOwner):
             self.cameras[msg.camera] = msg.state
             changed = self._up() != before
         if changed:
-            self._publish_status()
+            self._status_changed()
 
     def _on_telemetry(self, k: int, msg: TelemetryReport) -> None:
         self._telemetry[k] = msg.fields
@@ -250,7 +258,7 @@ class ShardedAgent(DeviceOwner):
         if msg.model in manager.models:
             manager.rebuild(msg.model, force=msg.force, precision=msg.precision, reasons=msg.reasons)
 
-    # ---- progress, status ------------------------------------------------------------------------------
+    # ---- what the device asks (agent.runtime.protocol.Runtime) ----------------------------------------
     def progress(self) -> Progress:
         """Every shard's cameras and models (agent.shards.status)."""
         return status.progress(self.hosts, self.plan, self._progress, time.monotonic())
@@ -258,10 +266,15 @@ class ShardedAgent(DeviceOwner):
     def _up(self) -> int:
         return sum(1 for s in self.cameras.values() if s.state == "streaming")
 
-    def _status_fields(self) -> dict:
+    def camera_states(self) -> list[str]:
         with self._lock:
-            states = [s.state for s in self.cameras.values()]
-        return self._status_of(states, len(self.plan.cameras), shards=self._shards_summary())
+            return [s.state for s in self.cameras.values()]
+
+    def cameras_total(self) -> int:
+        return len(self.plan.cameras)
+
+    def status_fields(self) -> dict[str, Any]:
+        return {"shards": self._shards_summary()}
 
     def _shards_summary(self) -> dict[str, Any]:
         return {
@@ -270,64 +283,44 @@ class ShardedAgent(DeviceOwner):
             "restarts": sum(h.restarts for h in self.hosts),
         }
 
-    def _publish_status(self) -> None:
-        if self.mqtt is not None:
-            self.mqtt.publish_status(self._status_fields())
-        self.supervisor.set_extra(self._status_extra())
-
-    def _status_extra(self) -> str:
+    def status_note(self) -> str:
         summary = self._shards_summary()
-        running = (
-            ""
-            if summary["running"] == summary["count"]
-            else f"{summary['running']}/{summary['count']} shards running"
-        )
-        return ", ".join(t for t in (running, self.reload_note) if t)
+        if summary["running"] == summary["count"]:
+            return ""
+        return f"{summary['running']}/{summary['count']} shards running"
 
-    def _cameras_total(self) -> int:
-        return len(self.plan.cameras)
+    def telemetry_fields(self, mqtt: Mapping[str, Any] | None) -> dict[str, Any]:
+        return status.telemetry_fields(self.hosts, self.plan, self._telemetry, self.stages, mqtt)
 
-    def _republish(self) -> None:
+    def after_telemetry(self) -> None:
+        """Nothing: each shard republishes its cameras' states itself."""
+
+    def republish(self) -> None:
         self.shard_engines.republish()
 
-    # ---- commands -------------------------------------------------------------------------------------
-    def _rebuild_targets(self) -> list[str]:
-        return list(self.engines.models)
+    def live_regions(self, topics: Topics) -> set[str]:
+        live = set()
+        for name, cam in self.cfg.cameras.items():
+            if cam.enabled and cam.tracking.enabled:
+                live |= {topics.zone(name, z) for z in cam.zones}
+                live |= {topics.line(name, ln) for ln in cam.lines}
+        return live
 
-    def _rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
-        return self.shard_engines.rebuild(model, force, precision)
-
-    def _cmd_snapshot(self, req: SnapshotRequest) -> dict:
-        k = self.plan.cameras.get(req.camera)
+    def snapshot(self, camera: str) -> dict[str, Any]:
+        k = self.plan.cameras.get(camera)
         if k is None:
             known = sorted(self.plan.cameras)
-            raise CommandError(f"field 'camera': unknown camera {req.camera!r} (known: {known})")
-        ok, body = self.hosts[k].snapshot(req.camera, REQUEST_S)
+            raise CommandError(f"field 'camera': unknown camera {camera!r} (known: {known})")
+        ok, body = self.hosts[k].snapshot(camera, REQUEST_S)
         if not ok:
             raise CommandError(str(body))
         return dict(body, shard=k)
 
-    # ---- discovery ------------------------------------------------------------------------------------
-    def _live_regions(self) -> set[str]:
-        live = set()
-        for name, cam in self.cfg.cameras.items():
-            if cam.enabled and cam.tracking.enabled:
-                live |= {self.topics.zone(name, z) for z in cam.zones}
-                live |= {self.topics.line(name, ln) for ln in cam.lines}
-        return live
+    def rebuild_targets(self) -> list[str]:
+        return list(self.engines.models)
 
-    def _on_region_state(self, topic: str, body: bytes) -> None:
-        if body and self.mqtt is not None and topic not in self._live_regions():
-            log.info("deleting stale zone/line state %s", topic)
-            self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
-
-    # ---- telemetry and the shards' health ---------------------------------------------------------------
-    def telemetry_fields(self) -> dict[str, Any]:
-        mqtt = {**self.mqtt.stats(), "commands": self.commands.stats()} if self.mqtt else None
-        return status.telemetry_fields(self.hosts, self.plan, self._telemetry, self.stages, mqtt)
-
-    def publish_telemetry(self) -> None:
-        self._publish_telemetry(self.telemetry_fields())
+    def rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
+        return self.shard_engines.rebuild(model, force, precision)
 
     def _watch_loop(self) -> None:
         """A running shard that stopped reporting (hung: a deadlock, a decoder stuck in a driver call) is
@@ -338,46 +331,41 @@ class ShardedAgent(DeviceOwner):
                 self._progress.pop(host.index, None)
                 host.kill()
 
-    # ---- reload (agent.owner reads and checks the file) ----------------------------------------------
-    def _apply_reload(self, new: AgentConfig, plan: ReloadPlan) -> str:
+    # ---- reload (the device read and checked the file) --------------------------------------------------
+    def prepare(self, new: AgentConfig, plan: ReloadPlan) -> ShardedReload:
         placement = place(new, previous=self.plan.cameras, count=self.plan.count)
-        old, old_plan = self.cfg, self.plan
-        self.shard_engines.apply(new, plan)
-        if plan.mqtt:
-            topics = Topics(new.mqtt.prefix, new.device_id)
-            self._replace_mqtt(self._make_mqtt(new, topics), topics)
-        self.cfg, self.plan = new, placement
+        return ShardedReload(self, new, plan, placement)
+
+
+class ShardedReload:
+    """A prepared reload of a ShardedRuntime (agent.runtime.protocol.Prepared): the new placement. Each
+    shard applies its part in place, as a single process would."""
+
+    def __init__(self, runtime: ShardedRuntime, new: AgentConfig, plan: ReloadPlan, placement: ShardPlan):
+        self._runtime, self._new, self._plan, self._placement = runtime, new, plan, placement
+
+    def commit(self, switch: Callable[[], None]) -> str:
+        rt, new, placement = self._runtime, self._new, self._placement
+        old_plan = rt.plan
+        rt.shard_engines.apply(new, self._plan)
+        switch()
+        rt.cfg, rt.plan = new, placement
         errors = []
-        for host in self.hosts:  # each shard applies its part in place, as a single process would
+        for host in rt.hosts:
             host.part = part_of(new, placement, host.index)
             if host.state != "running":
                 continue  # it starts with its new part
             ok, body = host.reload(host.part, RELOAD_S)
             if not ok:
                 errors.append(f"shard {host.index}: {body}")
-        with self._lock:
-            for cam in [c for c in self.cameras if c not in placement.cameras]:
-                del self.cameras[cam]
-        self._publish_discovery(old)
+        with rt._lock:
+            for cam in [c for c in rt.cameras if c not in placement.cameras]:
+                del rt.cameras[cam]
         moved = [c for c, k in placement.cameras.items() if old_plan.cameras.get(c, k) != k]
-        summary = plan.summary() + (f"; moved to another shard: {', '.join(moved)}" if moved else "")
+        summary = self._plan.summary() + (f"; moved to another shard: {', '.join(moved)}" if moved else "")
         if errors:
             raise RuntimeError(f"applied in part ({summary}); " + "; ".join(errors))
         return summary
 
-    # ---- stop -----------------------------------------------------------------------------------------
-    def stop(self) -> None:
-        self._stop.set()
-        self.supervisor.stopping()
-        t0 = time.monotonic()
-        for host in self.hosts:
-            host.ask_stop()  # all at once: they stop in parallel
-        for host in self.hosts:
-            host.stop(timeout=max(1.0, 10.0 - (time.monotonic() - t0)))
-        for manager in self.managers.values():
-            manager.close()
-        self.commands.stop()
-        if self.mqtt is not None:
-            self.mqtt.close()
-        self._signals.restore()
-        log.info("edge-agent stopped in %.2f s (%d shards)", time.monotonic() - t0, len(self.hosts))
+    def rollback(self) -> None:
+        """Nothing to undo: prepare only placed the cameras."""
