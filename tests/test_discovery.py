@@ -290,7 +290,7 @@ def entity(msgs: dict[str, dict[str, Any]], object_id: str) -> dict[str, Any]:
 
 
 def camera_state(state: str = "streaming", last_error: str | None = None) -> bytes:
-    # Fields as agent.daemon publishes them (agent.runtime.reports.camera_state_fields).
+    # Fields as the daemon publishes them (agent.runtime.reports.camera_state_payload).
     return payload(
         "camera-state", state=state, fps_in=25.02, fps_out=24.87, reconnects=2, last_error=last_error
     )
