@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench.track_eval import MOT15, MOT15_ZONES, evaluate_sequence, load_mot15, mot15_root, true_entries
+from agent.bench.mot15 import MOT15, MOT15_ZONES, evaluate_sequence, load_mot15, mot15_root, true_entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import track_eval as tool

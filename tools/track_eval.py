@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tracking defaults measured on real trajectories: the MOT15 sequences py-motmetrics ships.
 
-For each sequence (TUD-Campus, TUD-Stadtmitte) and detection source (agent/bench/track_eval.py: "test",
+For each sequence (TUD-Campus, TUD-Stadtmitte) and detection source (agent/bench/mot15.py: "test",
 test.txt's boxes; "gt_noisy", the ground truth through a noisy detector, seeds 0..N-1), prints IDF1 / MOTA /
 ID switches at each ``tracking.low_score``, and the zone entries counted on two zones drawn on the scenes
 against the true ones at each zone inertia (frames, seconds). ``--cpu`` adds the host's decode + NMS cost
@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.bench.track_eval import MOT15, MotSequence, evaluate_sequence, every, load_mot15
+from agent.bench.mot15 import MOT15, MotSequence, evaluate_sequence, every, load_mot15
 from agent.config.analytics import TrackingConfig, ZoneConfig
 from pipelines.tracking import TrackerParams
 
