@@ -189,12 +189,7 @@ class ShardHost:
         self.first_outcome.set()
 
     def _read(self, conn: Connection) -> None:
-        own: dict[type, Callable[[Any], None]] = {
-            Started: self._started,
-            Failed: self._failed,
-            Frame: self._frame,
-            Answer: self._answer,
-        }
+        own = self.own_messages()
         while True:
             try:
                 msg = conn.recv()
@@ -208,6 +203,10 @@ class ShardHost:
                 handler(msg)
             else:
                 self._events.shard_message(self.index, msg)
+
+    def own_messages(self) -> dict[type, Callable[[Any], None]]:
+        """The messages the host handles itself; every other goes to the supervisor (ShardEvents)."""
+        return {Started: self._started, Failed: self._failed, Frame: self._frame, Answer: self._answer}
 
     def _started(self, msg: Started) -> None:
         self.state, self.started_at, self.failure = "running", time.monotonic(), None
