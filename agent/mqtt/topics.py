@@ -31,6 +31,7 @@ SCHEMAS: dict[str, str] = {
         "event",
         "zone",
         "line",
+        "deployment",
     )
 }
 
