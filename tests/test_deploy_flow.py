@@ -459,3 +459,21 @@ def test_the_watch_rules(now: CameraHealth, expect: str | None) -> None:
 def test_no_detections_before_is_no_collapse() -> None:
     quiet = CameraHealth(100, 40.0, 0.0, "running")
     assert judge({"street": quiet}, {"street": quiet}, DeployWatchConfig()) is None
+
+
+def test_an_agent_stopped_during_the_watch_serves_the_previous_version_after_a_restart(
+    deployer: Deployer, host: fake_host, docs: Docs, cfg: DeployConfig
+) -> None:
+    assert deployer.submit(docs.raw("v2", watch_s=60))["ok"]
+    for _ in range(1200):
+        if host.states and host.states[-1]["stage"] == "watching":
+            break
+        threading.Event().wait(0.05)
+    assert deployer.store.serving(MODEL) == "v2"
+    deployer.close()  # the agent stops: the record stays at watching
+    assert json.loads(deployer.env.record_path(MODEL).read_text())["state"]["stage"] == "watching"
+    again = Deployer(cfg, VersionStore(cfg.state_dir), host)
+    assert again.start([MODEL]) == {}  # the config's own model, as before the promotion
+    last = host.states[-1]
+    assert last["stage"] == "failed" and "stopped during watching" in last["reason"], last
+    assert again.store.serving(MODEL) is None

@@ -230,6 +230,8 @@ class Run:
             on_sample,
         )
         job.state.checks["watch"] = figures
+        if job.cancel.is_set() and job.cancel_reason is None:
+            raise Cancelled  # the agent stops mid-watch: a restart puts the previous version back
         if reason is not None:
             store.set_serving(self.model, previous)
             host.promote(self.model, prev_cfg)
