@@ -69,7 +69,7 @@ class Run:
         self.cfg = env.config()
         self.model, self.version = job.model, job.version
         self.staged: dict[str, Path] = {}
-        self._shown = -1.0
+        self._shown, self._shown_stage = -1.0, ""
 
     # ---- the whole flow ----------------------------------------------------------------------------------
     def __call__(self) -> None:
@@ -132,10 +132,13 @@ class Run:
 
     def progress(self, value: float) -> None:
         """Published when it moved by 5 % or more (a 1 GB download is not 100 retained messages)."""
-        self.job.state.progress = value
+        state = self.job.state
+        if state.stage != self._shown_stage:  # a new stage counts from 0
+            self._shown, self._shown_stage = -1.0, state.stage
+        state.progress = value
         if value - self._shown >= 0.05 or value >= 1.0 > self._shown:
             self._shown = value
-            self.env.publish(self.job.state)
+            self.env.publish(state)
 
     def verify(self) -> None:
         self.stop_if_cancelled()
