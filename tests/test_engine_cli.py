@@ -568,3 +568,63 @@ mqtt: {{host: 127.0.0.1, port: {mqtt_broker.port}}}
     msgs = wait(sub, serving(first), 30, agent, "the rolled-back plan adopted")
     assert states(msgs)[-1]["state"] == "ready"
     assert "new engine" in agent.text() and "built by another process" in agent.text()
+
+
+# ---- issue 36 (4): prune and list touch only an engine store, and only what its naming owns -------------
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_prune_and_list_refuse_a_folder_that_is_no_engine_store(tmp_path: Path, capsys) -> None:
+    """A folder with someone's plans (no marker, no manifest) is a one-line error; a dry run or a real
+    prune changes nothing there (before: the dry run proposed deleting models/important.plan and wrote
+    models/.build.lock, the real prune deleted the plan)."""
+    from agent.cli import main
+
+    folder = tmp_path / "work"
+    (folder / "models").mkdir(parents=True)
+    (folder / "models" / "important.plan").write_bytes(b"a week of tuning")
+    (folder / "important.plan").write_bytes(b"another")
+    (folder / "models" / "notes.json").write_text('{"not": "a manifest"}')
+    before = tree(folder)
+    for argv in (["prune", "--dry-run"], ["prune"], ["list"], ["prune", "--model", "models"]):
+        assert main(["engines", *argv, "--dir", str(folder)]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{folder} is not an engine store" in err, err
+        assert tree(folder) == before and not (folder / "models" / ".build.lock").exists()
+
+
+def test_prune_in_a_store_deletes_only_what_the_store_owns(tmp_path: Path, capsys) -> None:
+    """A store (marked by the store, or an older one known by its manifests) holding an unrelated
+    important.plan: the dry run writes nothing (no lock file), the real prune deletes the store's stale
+    files (a previous plan, an orphan plan of a fingerprint key) and never important.plan."""
+    from agent.cli import main
+    from engines.store.marker import MARKER_NAME
+
+    root = tmp_path / "engines"
+    store = EngineStore(root)
+    assert (root / MARKER_NAME).is_file()
+    s0, s1 = put(store, 0), put(store, 1)
+    d = store.model_dir("det")
+    (d / "important.plan").write_bytes(b"not ours")
+    (d / "important-0123456789ab.plan").write_bytes(b"not ours either")
+    orphan = d / "feedc0deba5e1234.plan"  # a fingerprint key without manifest: a killed build's
+    orphan.write_bytes(b"half")
+    (d / ".build.lock").unlink(missing_ok=True)
+    for marked in (False, True):  # an older store (no marker) is recognised by its manifest
+        if not marked:
+            (root / MARKER_NAME).unlink()
+        before = tree(root)
+        assert main(["engines", "prune", "--dry-run", "--dir", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert tree(root) == before and not (d / ".build.lock").exists()
+        assert "important" not in out and str(orphan) in out and f"k1-{s0[:12]}.plan" in out
+        if not marked:
+            (root / MARKER_NAME).write_bytes(b"")
+    assert main(["engines", "prune", "--dir", str(root)]) == 0
+    assert not orphan.exists() and not (d / f"k1-{s0[:12]}.plan").exists()
+    assert (d / "important.plan").read_bytes() == b"not ours"
+    assert (d / "important-0123456789ab.plan").read_bytes() == b"not ours either"
+    assert store.read_plan("det", "k1") == b"plan-1" and s1

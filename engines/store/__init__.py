@@ -11,6 +11,8 @@
     {engine_dir}/{model}/{key}.calib[.meta]        INT8 calibration cache of `key` (engines.build.calibrator)
     {engine_dir}/{model}/.build.lock               the model's build lock (engines.store.lock)
     {engine_dir}/timing/*.cache                    TensorRT timing caches, shared by all models
+    {engine_dir}/.edge-agent-engines               the marker: this directory is an engine store
+                                                   (engines.store.marker; older stores: their manifests)
 
     store = EngineStore("/var/lib/edge-agent/engines")   # StoreError now if the dir is not writable
     store.entries("detector")          # manifests, newest first (invalid ones skipped, see `problems`)
@@ -46,7 +48,9 @@ per model; a pruned key's previous plan goes with it.
 
 Modules, by job: paths (names and where files lie), reading (manifests, plans, previous records),
 cleanup (the lock, stale files, pruning), commit (EngineStore: write, rollback, manifest rewrites);
-lock (the build lock) and fsutil (crash-safe writes) under them.
+lock (the build lock) and fsutil (crash-safe writes) under them; marker (what is a store: commands given
+any folder refuse one that is not). Housekeeping deletes only what the store's naming owns: plans of a key
+with a manifest or previous record, or named by a fingerprint key; never someone's `important.plan`.
 """
 
 from engines.store.commit import EngineStore

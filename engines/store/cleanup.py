@@ -10,7 +10,7 @@ from pathlib import Path
 from engines.errors import StoreError
 from engines.store.fsutil import TMP_MARK, fsync_dir, remove_stale_temps
 from engines.store.lock import BuildLock
-from engines.store.paths import LOCK_NAME, os_reason
+from engines.store.paths import FINGERPRINT_KEY_RE, LOCK_NAME, os_reason
 from engines.store.reading import StoreReader
 
 
@@ -60,8 +60,18 @@ class StoreCleanup(StoreReader):
         ]
         dangling = self._live_records(model)[1]
         plans, unreadable = self._referenced(model)
-        orphans = [p for p, key in self._plan_files(model) if p not in plans and key not in unreadable]
+        orphans = [p for p, key in self._orphan_candidates(model) if p not in plans and key not in unreadable]
         return temps + [r.path for r in dangling] + orphans
+
+    def _orphan_candidates(self, model: str) -> list[tuple[Path, str]]:
+        """Plan files the store owns: of a key with a manifest or previous record, or named by a
+        fingerprint key. Anything else (someone's `important.plan`) is never the store's to delete."""
+        known = set(self.keys(model)) | {r.key for r in self._records(model)}
+        return [
+            (p, key)
+            for p, key in self._plan_files(model)
+            if key in known or FINGERPRINT_KEY_RE.match(key)
+        ]
 
     def _remove_dangling(self, model: str) -> list[Path]:
         removed = []
@@ -76,7 +86,9 @@ class StoreCleanup(StoreReader):
         `only`). Hold the lock."""
         plans, unreadable = self._referenced(model)
         removed = []
-        for p, key in self._plan_files(model):
+        # `only`: the caller names plans of a key whose manifest it owns (prune, write); else the store's.
+        candidates = self._plan_files(model) if only is not None else self._orphan_candidates(model)
+        for p, key in candidates:
             if p in plans or key in unreadable or (only is not None and p not in only):
                 continue
             try:

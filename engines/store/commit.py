@@ -13,6 +13,7 @@ from engines.errors import ManifestError, StoreError
 from engines.manifest import Manifest
 from engines.store.cleanup import StoreCleanup
 from engines.store.fsutil import atomic_write_bytes, fsync_dir
+from engines.store.marker import mark
 from engines.store.paths import PREVIOUS_SUFFIX, os_reason, plan_file_name
 from engines.store.reading import Previous
 
@@ -21,6 +22,11 @@ log = logging.getLogger("engines.store")
 
 class EngineStore(StoreCleanup):
     """One directory per model holding manifests and the plans they point at (engines.store)."""
+
+    def __init__(self, engine_dir: str | Path, keep: int = 3, check_writable: bool = True) -> None:
+        super().__init__(engine_dir, keep, check_writable)
+        if check_writable:  # proven writable: mark it ours (engines.store.marker)
+            mark(self.root)
 
     def write(self, model: str, key: str, plan: bytes | memoryview, manifest: Manifest) -> Manifest:
         """Store engine `key` of `model` (hold the model's lock); it becomes current only once its plan and
@@ -38,6 +44,7 @@ class EngineStore(StoreCleanup):
         except ManifestError:
             old = None  # unreadable: nothing to keep as previous (its plans stay, see _referenced)
         self._write_plan(model, key, plan_path, plan, sha)
+        mark(self.root)
         try:
             record = self._keep_previous(model, key, old, sha)
         except BaseException:

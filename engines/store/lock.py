@@ -135,6 +135,26 @@ class BuildLock:
             pid,
         )
 
+    def held_elsewhere(self) -> str | None:
+        """Who holds the lock now (describe_holder's text), or None; creates and writes nothing (a dry
+        run asks this)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None  # every holder creates the file first: nobody holds it
+        except OSError as e:
+            raise StoreError(f"cannot open build lock {self.path}: {e.strerror}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, info = self.holder()
+            return describe_holder(info, pid)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def acquire(self) -> None:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 from agent.cli.engines.store import EngineCliError, build_lock, key_in, model_in, open_store, reported
 from agent.cli.engines.table import describe, mb, render, rows, size_of, when
-from engines.errors import EngineError, StoreError
+from engines.errors import StoreError
 from engines.store import EngineStore
+from engines.store.lock import BuildLock
+from engines.store.paths import LOCK_NAME
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -122,17 +124,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def dry_run(store: EngineStore, model: str, key: str | None) -> list[tuple[Path, int | None]]:
-    """What prune would delete; a build running now (its lock held) owns its temp files: not listed."""
+    """What prune would delete, writing nothing (no lock file either); a build running now (its lock
+    held) owns its temp files: not listed."""
     files = store.previous_files(model, key)
-    lock = store.lock(model, wait_s=0)
-    try:
-        lock.acquire()
-    except EngineError as exc:
-        print(f"{model}: {exc}; its temp files are not stale and not listed", file=sys.stderr)
-        stale = [p for p in store.stale_files(model) if not p.name.startswith(".")]
-    else:
-        try:
-            stale = store.stale_files(model)
-        finally:
-            lock.release()
+    stale = store.stale_files(model)
+    holder = BuildLock(store.model_dir(model) / LOCK_NAME, model).held_elsewhere()
+    if holder is not None:
+        print(
+            f"{model}: another build is running ({holder}); its temp files are not stale and not listed",
+            file=sys.stderr,
+        )
+        stale = [p for p in stale if not p.name.startswith(".")]
     return [(p, size_of(p)) for p in files + stale]

@@ -12,6 +12,7 @@ from typing import Any
 from agent.cli.argtypes import seconds
 from engines.errors import EngineError, StoreError
 from engines.store import EngineStore
+from engines.store.marker import not_a_store
 
 DEFAULT_DIR = Path("engines")
 
@@ -47,20 +48,6 @@ def store_dir(args: argparse.Namespace) -> tuple[Path, str]:
     return DEFAULT_DIR, f"default ./{DEFAULT_DIR}; give --dir DIR or -c agent.yaml"
 
 
-def looks_like_store(d: Path) -> bool:
-    """Empty (nothing built yet), or a timing/ dir or a model dir with manifests, plans or a build lock."""
-    entries = list(d.iterdir())
-    if not entries or (d / "timing").is_dir():
-        return True
-    for sub in entries:
-        if sub.is_dir() and any(
-            p.suffix in (".json", ".plan", ".prev") or p.name in (".build.lock", "calibration")
-            for p in sub.iterdir()
-        ):
-            return True
-    return False
-
-
 def open_store(args: argparse.Namespace) -> EngineStore:
     d, origin = store_dir(args)
     if not d.exists():
@@ -68,14 +55,11 @@ def open_store(args: argparse.Namespace) -> EngineStore:
     if not d.is_dir():
         raise EngineCliError(f"engine store {d} is not a directory ({origin})")
     try:
-        ok = looks_like_store(d)
+        why = not_a_store(d)
     except OSError as e:
         raise EngineCliError(f"engine store {d} cannot be read: {e.strerror or e}") from None
-    if not ok:
-        raise EngineCliError(
-            f"{d} is not an engine store: no model directory with a manifest ({{model}}/{{key}}.json), "
-            f"plan or build lock, and no timing/ ({origin})"
-        )
+    if why is not None:
+        raise EngineCliError(f"{d} is not an engine store: {why} ({origin}); nothing was changed")
     return EngineStore(d, check_writable=False)
 
 
