@@ -119,6 +119,7 @@ def www(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d.mkdir()
     variants.retrained(d / "v2.onnx", 0.01, seed=1)
     variants.retrained(d / "v3.onnx", 0.01, seed=2)
+    variants.retrained(d / "v4.onnx", 0.01, seed=3)
     variants.slow(d / "slow.onnx")
     shutil.copy(variants.LABELS, d / "coco.names")
     variants.shuffled_labels(d / "shuffled.names")
@@ -479,3 +480,77 @@ def test_an_agent_stopped_during_the_watch_serves_the_previous_version_after_a_r
     last = host.states[-1]
     assert last["stage"] == "failed" and "stopped during watching" in last["reason"], last
     assert again.store.serving(MODEL) is None
+
+
+def test_a_newer_document_ends_the_watch_of_a_promoted_one_which_stays(
+    deployer: Deployer, host: fake_host, docs: Docs
+) -> None:
+    assert deployer.submit(docs.raw("v2", watch_s=60))["ok"]
+    for _ in range(1200):
+        if host.states and host.states[-1]["stage"] == "watching":
+            break
+        threading.Event().wait(0.05)
+    assert deployer.submit(docs.raw("v3", onnx="v3.onnx"))["ok"]
+    state = deployer.wait(MODEL, 120)
+    assert state is not None and state.stage == "serving" and state.version == "v3", state.reason
+    v2_end = [s for s in host.states if s["version"] == "v2"][-1]
+    assert v2_end["stage"] == "serving" and "watch cut short by a newer deployment" in v2_end["reason"]
+    assert state.previous == "v2" and [m.onnx.parent.name for m in host.promoted] == ["v2", "v3"]
+
+
+def test_older_versions_beyond_keep_versions_are_pruned_after_a_promotion(
+    cfg: DeployConfig, host: fake_host, docs: Docs
+) -> None:
+    deployer = Deployer(
+        cfg.model_copy(update={"keep_versions": 1}), VersionStore(cfg.state_dir), host, watch_interval_s=0.05
+    )
+    try:
+        for version, onnx in (("v2", "v2.onnx"), ("v3", "v3.onnx"), ("v4", "v4.onnx")):
+            assert run(deployer, docs.raw(version, onnx=onnx)).stage == "serving"
+    finally:
+        deployer.close()
+    # keep_versions 1: the serving one, plus the previous one (the rollback target) which is never pruned.
+    assert [v.version for v in deployer.store.versions(MODEL)] == ["v4", "v3"]
+    assert host.states[-1]["versions"] == ["v4", "v3"]
+    assert not (cfg.state_dir / "models" / MODEL / "v2").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"),
+    [
+        ({"sha256": "0" * 64}, "sha256"),
+        ({"size": 1234}, "size"),
+        ({"url": "missing.onnx"}, "404"),
+    ],
+)
+def test_a_refused_download_is_rejected_and_leaves_nothing(
+    deployer: Deployer, host: fake_host, docs: Docs, cfg: DeployConfig, change: dict[str, Any], expect: str
+) -> None:
+    doc = docs.make("v2")
+    doc.pop("signature")
+    if "url" in change:
+        change = {"url": docs.nginx.url(f"private/{change['url']}", auth=f"deploy:{PASSWORD}@")}
+    doc["artifacts"]["onnx"].update(change)
+    state = run(deployer, json.dumps(sign_document(doc, docs.key, "ops")).encode())
+    assert state.stage == "rejected" and expect in str(state.reason), state.reason
+    assert host.stages()[-2:] == ["downloading", "rejected"] and host.promoted == []
+    assert PASSWORD not in json.dumps(host.states)
+    assert left_in(cfg.state_dir) == [] and deployer.store.versions(MODEL) == []
+
+
+@pytest.mark.parametrize(
+    ("make", "passes"),
+    [
+        (lambda d: (variants.retrained(d / "m.onnx", 0.01, seed=1), variants.LABELS), True),
+        (lambda d: (variants.NANODET, variants.shuffled_labels(d / "l.names")), False),
+        (lambda d: (variants.wrong_normalisation(d / "m.onnx"), variants.LABELS), False),
+        (lambda d: (variants.wrong_input_size(d / "m.onnx"), variants.LABELS), False),
+    ],
+    ids=["retrained", "labels-shuffled", "normalisation", "input-size"],
+)
+def test_the_default_agreement_floor_separates_a_retrained_version_from_broken_ones(
+    tmp_path: Path, frames: list[np.ndarray], make: Any, passes: bool
+) -> None:
+    onnx, labels = make(tmp_path)
+    agreement = variants.agreement(onnx, labels, frames[:10])["map50"]
+    assert (agreement >= DeployConfig().gate.min_agreement) is passes, agreement
