@@ -466,3 +466,20 @@ def test_readme_documents_the_config_keys_it_was_missing() -> None:
     table = text[text.index("## Configuration") : text.index("## MQTT")]
     for key in ("`mqtt.enabled`", "`cameras.C.enabled`", "`log_level`", "`models.M.calibration.folder`"):
         assert f"| {key}" in table, key
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
+def test_check_fails_naming_a_missing_onnx_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    """Issue 36 (5): ONNX Runtime serving needs no engine, but it needs the model: before, `check` said ok
+    when models.det.onnx did not exist. Now an error (exit 2, as every check error) naming the path."""
+    missing = tmp_path / "gone.onnx"
+    cfg = config(tmp_path, {}, models={"det": bundled_model(onnx=str(missing), backend=backend)})
+    assert main(["check", "-c", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "det: error" in out and f"models.det.onnx: {missing} does not exist" in out
+    assert main(["check", "-c", str(cfg), "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["models"]["det"]["status"] == "error"
+    # The bundled model, present: ok as before.
+    assert main(["check", "-c", str(config(tmp_path, {}))]) == 0

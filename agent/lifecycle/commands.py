@@ -42,11 +42,25 @@ def _selected(cfg: AgentConfig, model: str | None) -> list[ModelContext]:
     return [ModelContext.from_config(cfg, n) for n in ([model] if model else list(cfg.models))]
 
 
+def onnx_readable(ctx: ModelContext) -> None:
+    """EngineError naming the path when the model's ONNX file cannot be read: whatever serves it (ONNX
+    Runtime or an engine built from it) would fail at start, so `check` must not say ok."""
+    path = Path(ctx.cfg.onnx)
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except FileNotFoundError:
+        raise EngineError(f"models.{ctx.name}.onnx: {path} does not exist") from None
+    except OSError as e:
+        raise EngineError(f"models.{ctx.name}.onnx: {path} cannot be read: {e.strerror or e}") from None
+
+
 def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     report: dict[str, Any] = {}
     worst = 0
     for ctx in _selected(cfg, model):
         try:
+            onnx_readable(ctx)
             target = engine_target(ctx)
             if not isinstance(target, EngineTarget):
                 report[ctx.name] = {"status": "ok", "reasons": [], "key": None, "note": target.note}
