@@ -55,6 +55,7 @@ class fake_host:
         self.promoted: list[ModelConfig] = []
         self.states: list[dict[str, Any]] = []
         self.fail_camera_after_promote = False
+        self.health_error_after_promote = False
         self.frames_gate: threading.Event | None = None  # set: live_frames waits for it
 
     def model_config(self, model: str) -> ModelConfig | None:
@@ -91,6 +92,8 @@ class fake_host:
         self.promoted.append(model_cfg)
 
     def camera_health(self, model: str) -> dict[str, CameraHealth]:
+        if self.health_error_after_promote and self.serving is not self.own:
+            raise RuntimeError("telemetry gone")
         if self.fail_camera_after_promote and self.serving is not self.own:
             return {"street": CameraHealth(10, None, 0.0, "failed", 0)}
         return {"street": HEALTHY}
@@ -554,3 +557,18 @@ def test_the_default_agreement_floor_separates_a_retrained_version_from_broken_o
     onnx, labels = make(tmp_path)
     agreement = variants.agreement(onnx, labels, frames[:10])["map50"]
     assert (agreement >= DeployConfig().gate.min_agreement) is passes, agreement
+
+
+def test_health_that_cannot_be_read_after_a_promotion_rolls_back(
+    deployer: Deployer, host: fake_host, docs: Docs
+) -> None:
+    host.health_error_after_promote = True
+    state = run(deployer, docs.raw("v2", watch_s=30))
+    assert state.stage == "rolled_back" and "watch: RuntimeError: telemetry gone" in str(state.reason)
+    assert host.serving is host.own and deployer.store.serving(MODEL) is None
+
+
+def test_deployments_off_refuse_every_document(cfg: DeployConfig, host: fake_host, docs: Docs) -> None:
+    off = Deployer(cfg.model_copy(update={"enabled": False}), VersionStore(cfg.state_dir), host)
+    answer = off.submit(docs.raw("v2"))
+    assert not answer["ok"] and "deploy.enabled: false" in answer["reason"] and host.states == []

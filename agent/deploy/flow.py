@@ -168,6 +168,8 @@ class Run:
                 cand_backend = stack.enter_context(host.candidate_backend(self.model, cand_cfg))
             except DeployError:
                 raise
+            except OSError as exc:  # the device (a full disk, a lost file), not the candidate
+                raise Failed(f"building: {exc.strerror or exc}") from None
             except Exception as exc:
                 raise DeployError(f"building: {type(exc).__name__}: {str(exc)[:300]}") from None
             serving = Side(
@@ -223,15 +225,21 @@ class Run:
             job.state.checks["watch"] = figures
             self.progress(progress)
 
-        reason, figures = watch(
-            lambda: host.camera_health(self.model),
-            before,
-            self.cfg.watch,
-            watch_s,
-            job.cancel,
-            env.watch_interval_s,
-            on_sample,
-        )
+        try:
+            reason, figures = watch(
+                lambda: host.camera_health(self.model),
+                before,
+                self.cfg.watch,
+                watch_s,
+                job.cancel,
+                env.watch_interval_s,
+                on_sample,
+            )
+        except Exception as exc:
+            reason, figures = (
+                f"watch: {type(exc).__name__}: {str(exc)[:200]}",
+                job.state.checks.get("watch", {}),
+            )
         job.state.checks["watch"] = figures
         if job.cancel.is_set() and job.cancel_reason is None:
             raise Cancelled  # the agent stops mid-watch: a restart puts the previous version back

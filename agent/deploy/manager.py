@@ -76,6 +76,10 @@ class Deployer:
     def submit(self, raw: bytes | dict[str, Any], request_id: str | int | None = None) -> dict[str, Any]:
         """Accept a deployment document (an MQTT payload or a file's bytes) or refuse it with a reason."""
         cfg = self.env.config()
+        if not cfg.enabled:
+            return refused(
+                "deployments are off on this device (deploy.enabled: false)", request_id=request_id
+            )
         try:
             doc, body = parse_document(raw, "deploy")
         except DeployError as exc:
