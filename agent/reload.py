@@ -111,7 +111,8 @@ def _applied(where: str, found: list[Change]) -> set[Impact]:
 
 def plan_reload(old: AgentConfig, new: AgentConfig) -> ReloadPlan:
     plan = ReloadPlan()
-    top = changes(old, new, skip=("models", "cameras"))  # those two: entry by entry, below
+    # models, cameras: entry by entry, below; camera_defaults is merged into the cameras (planned there).
+    top = changes(old, new, skip=("models", "cameras", "camera_defaults"))
     _applied("agent", top)
     plan.changes += top
 

@@ -45,12 +45,12 @@ def test_bad_type_names_file_and_key(tmp_path: Path) -> None:
     path = write(tmp_path, BASE.replace("fps: 10", "fps: -1"))
     with pytest.raises(ConfigError) as err:
         load_config(path, env={"GATE_PASSWORD": "x"})
-    assert str(err.value) == f"{path}: cameras.gate.fps: must be > 0"
+    assert str(err.value) == f"{path}: cameras.gate.fps: must be > 0 (line 13)"
 
 
 def test_not_a_number(tmp_path: Path) -> None:
     path = write(tmp_path, BASE.replace("fps: 10", "fps: fast"))
-    with pytest.raises(ConfigError, match=r"cameras\.gate\.fps: must be a number$"):
+    with pytest.raises(ConfigError, match=r"cameras\.gate\.fps: must be a number \(line 13\)$"):
         load_config(path, env={"GATE_PASSWORD": "x"})
 
 
@@ -58,14 +58,15 @@ def test_unknown_key(tmp_path: Path) -> None:
     path = write(tmp_path, BASE.replace("fps: 10", "fps: 10\n    fsp: 3"))
     with pytest.raises(ConfigError) as err:
         load_config(path, env={"GATE_PASSWORD": "x"})
-    assert str(err.value) == f"{path}: cameras.gate.fsp: unknown key"
+    assert str(err.value) == f"{path}: cameras.gate.fsp: unknown key (line 14)"
 
 
 def test_missing_env_var(tmp_path: Path) -> None:
     path = write(tmp_path, BASE)
     with pytest.raises(ConfigError) as err:
         load_config(path, env={})
-    assert str(err.value) == f"{path}: cameras.gate.url: environment variable GATE_PASSWORD is not set"
+    unset = "environment variable GATE_PASSWORD is not set"
+    assert str(err.value) == f"{path}: cameras.gate.url: {unset} (line 11)"
 
 
 def test_env_default(tmp_path: Path) -> None:
@@ -77,7 +78,8 @@ def test_unknown_model_reference(tmp_path: Path) -> None:
     path = write(tmp_path, BASE.replace("model: detector", "model: detectr"))
     with pytest.raises(ConfigError) as err:
         load_config(path, env={"GATE_PASSWORD": "x"})
-    assert str(err.value) == f"{path}: cameras.gate.model: unknown model 'detectr' (known: detector)"
+    unknown = "unknown model 'detectr' (known: detector)"
+    assert str(err.value) == f"{path}: cameras.gate.model: {unknown} (line 12)"
 
 
 def test_bad_enum_and_several_errors(tmp_path: Path) -> None:
@@ -87,7 +89,7 @@ def test_bad_enum_and_several_errors(tmp_path: Path) -> None:
         load_config(path, env={"GATE_PASSWORD": "x"})
     lines = str(err.value).splitlines()
     assert any(line.startswith(f"{path}: models.detector.format: must be one of") for line in lines)
-    assert f"{path}: cameras.gate.fps: must be > 0" in lines
+    assert f"{path}: cameras.gate.fps: must be > 0 (line 13)" in lines
 
 
 def test_batch_order(tmp_path: Path) -> None:

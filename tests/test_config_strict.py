@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -35,6 +36,10 @@ MODEL = ASSETS / "nanodet-m-416.onnx"
 LABELS = ASSETS / "coco.names"
 CLIP = ASSETS / "bikes.mp4"
 SECRET = "hunter2-s3cret"
+ASCII = "may only hold ASCII letters (A-Z, a-z), digits (0-9), '_', '-' and '.'"
+TOPIC_LEVEL = " (the name is a topic level; any other text goes in its display `name:`)"
+LINE = re.compile(r" \(line [0-9]+\)$")
+LINE_AND = re.compile(r" \(line [0-9]+; ")
 
 BASE = f"""\
 device_id: yard-01
@@ -68,7 +73,13 @@ def refused(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> lis
     lines = str(info.value).splitlines()
     assert lines and all(line.startswith(f"{path}: ") for line in lines), lines
     assert SECRET not in str(info.value)
-    return [line.removeprefix(f"{path}: ") for line in lines]
+    # The key's line (" (line N)") is checked in tests/test_config_operator.py; the rest is checked here.
+    return [unlined(line.removeprefix(f"{path}: ")) for line in lines]
+
+
+def unlined(line: str) -> str:
+    """`line` without the key's line number, its other notes kept: "... (line 5; the value of ${X})"."""
+    return LINE_AND.sub(" (", LINE.sub("", line))
 
 
 def camera(**keys: Any) -> str:
@@ -211,7 +222,7 @@ def test_a_substituted_variable_takes_its_fields_type(tmp_path: Path) -> None:
     assert cfg.mqtt.tls is not None and not cfg.mqtt.tls.insecure
     assert cfg.mqtt.password is not None and cfg.mqtt.password.get_secret_value() == "12345"  # stays a string
     assert refused(tmp_path, camera(fps="${FPS}"), env={"FPS": "fast"}) == [
-        "cameras.gate.fps: must be a number"
+        "cameras.gate.fps: must be a number (the value of ${FPS})"
     ]
 
 
@@ -251,7 +262,7 @@ def test_nan_and_infinity_are_not_numbers_here(tmp_path: Path, text: str, line: 
 
 def test_nan_from_the_environment(tmp_path: Path) -> None:
     lines = refused(tmp_path, camera(min_score="${S}"), env={"S": "nan"})
-    assert lines == ["cameras.gate.min_score: must be a finite number, not NaN"]
+    assert lines == ["cameras.gate.min_score: must be a finite number, not NaN (the value of ${S})"]
 
 
 # ---- 4. paths against the config's folder ------------------------------------------------------------
@@ -651,7 +662,10 @@ def test_cuda_is_not_imported_unless_asked_for(tmp_path: Path) -> None:
             ),
             "models.det.profiles.0.images: each dimension must be <= 65536",
         ),
-        (BASE.replace("gate:", "g" * 129 + ":"), "cameras." + "g" * 129 + ": name at most 128 characters"),
+        (
+            BASE.replace("gate:", "g" * 129 + ":"),
+            "cameras." + "g" * 129 + ": name at most 128 characters" + TOPIC_LEVEL,
+        ),
     ],
 )
 def test_absurd_values_have_an_upper_bound(tmp_path: Path, text: str, line: str) -> None:
@@ -665,9 +679,9 @@ def test_hostile_strings_and_keys(tmp_path: Path) -> None:
     lines = refused(tmp_path, BASE.replace("yard-01", '"yard\\ud800"'))
     assert lines == ["device_id: is not valid Unicode text (a lone surrogate)"]
     lines = refused(tmp_path, BASE.replace("  gate:", '  "\\e[31mred":'))
-    assert lines == ["cameras.\\x1b[31mred: name may only hold letters, digits, '_', '-' and '.'"]
+    assert lines == ["cameras.\\x1b[31mred: name " + ASCII + TOPIC_LEVEL]
     lines = refused(tmp_path, BASE.replace("yard-01", '"yard\\n"'))  # '$' in a regex lets a '\n' by
-    assert lines == ["device_id: may only hold letters, digits, '_', '-' and '.'"]
+    assert lines == ["device_id: " + ASCII]
     assert refused(tmp_path, camera(fps="2024-13-45")) == [
         "invalid YAML: a value cannot be read (ValueError: month must be in 1..12)"
     ]
@@ -885,7 +899,7 @@ def test_cli_names_every_schema_problem_at_once(tmp_path: Path) -> None:
     out = cli(path)
     assert out.returncode == 2, out
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr and SECRET not in out.stderr
-    lines = [line for line in out.stderr.splitlines() if line]
+    lines = [unlined(line) for line in out.stderr.splitlines() if line]
     expected = [
         f"{path}: cameras.gate.model: duplicate key on lines 12 and 13 (YAML keeps only the last)",
         f"{path}: cameras.gate.url: looks like a URL without '://' (write rtsp://host/path)",

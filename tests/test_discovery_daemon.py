@@ -127,3 +127,27 @@ def test_agent_publishes_and_deletes_discovery_configs(
     )
     configs = retained_configs(mqtt_broker.port)
     assert configs and {c["name"].split()[0] for c in configs.values()} == {"door"}
+
+
+def test_home_assistant_shows_the_display_names_while_topics_keep_the_ids(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[..., AgentProcess],
+) -> None:
+    path = config(tmp_path, mqtt_broker.port, ["gate"])
+    cfg = yaml.safe_load(path.read_text())
+    square = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+    cfg["cameras"]["gate"]["name"] = "Einfahrt Süd 🚗"
+    cfg["cameras"]["gate"]["zones"] = {"drive": {"polygon": square, "name": "Zufahrt"}}
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    sub = mqtt_subscribe(mqtt_broker.port, "homeassistant/#")
+    agent = start_agent(path)
+    wait(sub, lambda m: any("drive" in t and t.endswith("/config") for t, _, _ in m), 30, agent, "configs")
+    configs = retained_configs(mqtt_broker.port)
+    fps = configs["homeassistant/sensor/edge-agent_ha-test/gate_fps/config"]
+    assert fps["name"] == "Einfahrt Süd 🚗 fps"
+    assert fps["state_topic"] == "edge-agent/ha-test/cameras/gate/state"
+    occupancy = next(c for t, c in configs.items() if "drive" in t and "occupancy" in t)
+    assert occupancy["name"] == "Einfahrt Süd 🚗 Zufahrt occupancy"
+    assert occupancy["state_topic"] == "edge-agent/ha-test/cameras/gate/zones/drive"

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, field_validator
 
+from agent.config.names import display_name_problem
 from agent.config.strict import StrictModel, raise_problem
 from pipelines.regions import polygon_problem, segment_problem
 
@@ -55,6 +56,7 @@ def normalised_problem(points: list[Point]) -> str | None:
 
 class ZoneConfig(StrictModel):
     polygon: list[Point]
+    name: str | None = None  # shown in Home Assistant (any text); the key stays the id in topics
     units: Literal["normalized", "pixels"] = "normalized"
     labels: list[str] | None = None  # counted labels (default: every class the camera reports)
     anchor: Anchor = "bottom_center"  # the point of a box that must be inside
@@ -66,6 +68,12 @@ class ZoneConfig(StrictModel):
     inertia_s: float = Field(0.1, ge=0.0, le=60.0)
     # A zone_loiter event once per stay this long inside (pipelines/rules/loitering.py); None: off.
     loiter_s: float | None = Field(None, gt=0, le=86400)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        raise_problem(None if v is None else display_name_problem(v))
+        return v
 
     @field_validator("polygon")
     @classmethod
@@ -83,9 +91,16 @@ class ZoneConfig(StrictModel):
 class LineConfig(StrictModel):
     # A -> B; crossing from its left to its right (as seen on the picture) counts as "in".
     points: list[Point]
+    name: str | None = None  # shown in Home Assistant (any text); the key stays the id in topics
     units: Literal["normalized", "pixels"] = "normalized"
     labels: list[str] | None = None
     anchor: Anchor = "bottom_center"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        raise_problem(None if v is None else display_name_problem(v))
+        return v
 
     @field_validator("points")
     @classmethod

@@ -18,7 +18,7 @@ from agent.config.analytics import (
 )
 from agent.config.errors import show
 from agent.config.impact import Impact
-from agent.config.names import level_problem
+from agent.config.names import display_name_problem, level_problem
 from agent.config.sources import camera_url_problem
 from agent.config.strict import StrictModel, raise_problem
 from pipelines.urls import mask_url
@@ -39,6 +39,9 @@ class CameraConfig(StrictModel):
         None, repr=False, description="GStreamer pipeline ending in appsink"
     )
     model: Annotated[str, Impact.CAMERA]
+    # Shown in Home Assistant (any text); the camera's key stays its id in topics. Discovery is published
+    # again after every reload.
+    name: Annotated[str | None, Impact.LIVE] = None
     fps: Annotated[float | None, Impact.CAMERA] = Field(None, gt=0, le=1000)
     classes: Annotated[list[str] | None, Impact.ROUTE] = None
     min_score: Annotated[float, Impact.ROUTE] = Field(0.4, ge=0.0, le=1.0)
@@ -62,6 +65,12 @@ class CameraConfig(StrictModel):
     frame_size: Annotated[FrameSize | None, Impact.ANALYTICS] = None
     # pipeline.shards > 1: the shard that runs this camera (None: placed by load, and kept across reloads).
     shard: Annotated[int | None, Impact.PLACEMENT] = Field(None, ge=0, le=63)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        raise_problem(None if v is None else display_name_problem(v))
+        return v
 
     @field_validator("url")
     @classmethod
@@ -120,7 +129,10 @@ def analytics_problems(name: str, cam: CameraConfig) -> list[str]:
             rkey = f"{key}.{what}.{show(region)}"
             problem = level_problem(region)
             if problem is not None:
-                problems.append(f"{rkey}: name {problem}")
+                problems.append(
+                    f"{rkey}: name {problem} (the name is a topic level; any other text goes in its display"
+                    " `name:`)"
+                )
             pts = rc.polygon if isinstance(rc, ZoneConfig) else rc.points
             field = "polygon" if isinstance(rc, ZoneConfig) else "points"
             if rc.units == "normalized":

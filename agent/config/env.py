@@ -23,11 +23,17 @@ def _text_problem(text: str) -> str | None:
 
 
 def expand_env(
-    data: Any, source: str, env: dict[str, str], problems: list[str], failed: list[tuple[Any, ...]]
+    data: Any,
+    source: str,
+    env: dict[str, str],
+    problems: list[str],
+    failed: list[tuple[Any, ...]],
+    used: dict[str, list[str]] | None = None,
 ) -> Any:
     """`data` with ${VAR} and ${VAR:-default} replaced in every string. A problem (an unset variable, a
-    string no program can take) is added to `problems` and its key path to `failed`; the file as a whole
-    (too many values, nested too deeply) raises."""
+    string no program can take) is added to `problems` and its key path to `failed`; `used` gets the
+    variables each substituted value came from ("cameras.gate.fps" -> ["FPS"]), for the schema's messages.
+    The file as a whole (too many values, nested too deeply) raises."""
     budget = [MAX_NODES]
 
     def walk(node: Any, loc: tuple[Any, ...], path: str) -> Any:
@@ -71,6 +77,8 @@ def expand_env(
                 return node
             if text != node:
                 text = EnvText(text)
+            if used is not None:
+                used[".".join(str(p) for p in loc)] = [m.group(1) for m in _ENV.finditer(node)]
         problem = _text_problem(text)
         if problem is not None:
             problems.append(f"{source}: {show(path)}: {problem}")

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
-    """A configuration problem; the message names the file and the key path."""
+    """A configuration problem; the message names the file and the key path. `config`: the config as far as
+    it could be read where only values outside the schema failed (an unset variable, a missing file named
+    in it), so a caller can check the rest (agent.preflight) and report every problem at once."""
+
+    def __init__(self, message: str, config: Any = None) -> None:
+        super().__init__(message)
+        self.config = config
 
 
 def show(text: str, limit: int = 200) -> str:

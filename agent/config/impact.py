@@ -119,7 +119,8 @@ def impact_table(model: type[BaseModel]) -> str:
     """README's table: the keys that declare a class, by class (nested keys that inherit are not listed)."""
     by_class: dict[Impact, list[str]] = {}
     for key in keys(model):
-        if key.own and key.impact is not None:
+        # camera_defaults' keys repeat the cameras' declarations: a change plans as in each camera it reaches.
+        if key.own and key.impact is not None and not key.path.startswith("camera_defaults."):
             by_class.setdefault(key.impact, []).append(key.path)
     lines = ["| a change of | takes effect |", "|---|---|"]
     for impact in Impact:

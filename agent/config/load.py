@@ -8,10 +8,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent.config.defaults import apply_camera_defaults
 from agent.config.deploy import deploy_file_problems
 from agent.config.env import expand_env
 from agent.config.errors import ConfigError
-from agent.config.messages import format_errors, joined
+from agent.config.messages import format_errors, joined, placed
 from agent.config.mqtt import mqtt_file_problems
 from agent.config.schema import AgentConfig
 from agent.config.sources import camera_file
@@ -24,31 +25,46 @@ def parse_config(
     data: Any, source: str = "<config>", base_dir: Path | None = None, env: dict[str, str] | None = None
 ) -> AgentConfig:
     """Validate a mapping (as loaded from YAML). Relative paths resolve against base_dir."""
-    return _parse(data, source, base_dir, dict(os.environ) if env is None else env, [])
+    return _parse(data, source, base_dir, dict(os.environ) if env is None else env, [], {})
 
 
 def _parse(
-    data: Any, source: str, base_dir: Path | None, env: dict[str, str], problems: list[str]
+    data: Any,
+    source: str,
+    base_dir: Path | None,
+    env: dict[str, str],
+    problems: list[str],
+    key_lines: dict[str, int],
 ) -> AgentConfig:
-    """As parse_config; `problems`: lines found before (duplicate keys), reported with the schema's."""
+    """As parse_config; `problems`: lines found before (duplicate keys), reported with the schema's;
+    `key_lines`: the line of each key in the file (yaml_loader), for the messages."""
     if not isinstance(data, dict):
         raise ConfigError(joined([*problems, f"{source}: the top level must be a mapping"], source))
+    # Top-level x-* keys hold YAML anchors for the rest of the file (as in compose files): not config.
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
     failed: list[tuple[Any, ...]] = []
+    used: dict[str, list[str]] = {}
+    found: list[str] = []  # this file's problems: an unset variable, a bad value, ...
     try:
-        data = expand_env(data, source, env, problems, failed)
+        data = expand_env(data, source, env, found, failed, used)
     except ConfigError as exc:
         raise ConfigError(joined([*problems, str(exc)], source)) from None
+    data, taken, own = apply_camera_defaults(data, failed)
+    found += [f"{source}: {line}" for line in own]
     try:
         cfg = AgentConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(joined([*problems, *format_errors(exc, source, failed)], source)) from None
-    if problems:
-        raise ConfigError(joined(problems, source))
+        found += format_errors(exc, source, failed)
+        lines = [*problems, *placed(found, source, key_lines, used, taken)]
+        raise ConfigError(joined(lines, source)) from None
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
-    problems = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
-    if problems:
-        raise ConfigError(joined(problems, source))
+    files = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
+    if problems or found or files:
+        # Only values the schema took (an unset variable's text): the config goes with the error so the
+        # caller can check its files and models too (every problem at once).
+        lines = [*problems, *placed(found, source, key_lines, used, taken), *files]
+        raise ConfigError(joined(lines, source), config=cfg)
     return cfg
 
 
@@ -88,9 +104,9 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
 
 def load_config(path: str | Path, env: dict[str, str] | None = None) -> AgentConfig:
     path = Path(path)
-    data, duplicates = read_yaml(_read_text(path), path)
+    data, duplicates, key_lines = read_yaml(_read_text(path), path)
     env = dict(os.environ) if env is None else env
-    return _parse(data, str(path), path.resolve().parent, env, duplicates)
+    return _parse(data, str(path), path.resolve().parent, env, duplicates, key_lines)
 
 
 def _read_text(path: Path) -> str:

@@ -134,3 +134,61 @@ def format_errors(
             else:
                 lines.append(f"{source}: {where}: {line}" if where else f"{source}: {line}")
     return lines
+
+
+def _key_of(line: str, source: str) -> str | None:
+    """The key path a `FILE: key.path: message` line names, or None."""
+    if not line.startswith(f"{source}: "):
+        return None
+    key, sep, _ = line[len(source) + 2 :].partition(": ")
+    return key if sep and " " not in key else None
+
+
+def _longest(key: str, found: dict[str, Any]) -> tuple[str, Any] | None:
+    """The longest prefix of `key` (whole levels) that `found` holds, with its value."""
+    parts = key.split(".")
+    while parts:
+        at = ".".join(parts)
+        if at in found:
+            return at, found[at]
+        parts.pop()
+    return None
+
+
+def placed(
+    lines: list[str],
+    source: str,
+    key_lines: dict[str, int],
+    used: dict[str, list[str]] | None = None,
+    taken: dict[str, str] | None = None,
+) -> list[str]:
+    """Each `FILE: key.path: message` line with where it comes from: the line of the key in the file, the
+    variable a value came from (its name, never its value), and `(from camera_defaults)` where a camera's
+    value was merged in from there (agent.config.defaults; such a line that camera_defaults' own key already
+    reports is left out)."""
+    taken = taken or {}
+    keys = (_key_of(line, source) for line in lines)
+    own = {key for key in keys if key and key.startswith("camera_defaults.")}
+    out = []
+    for line in lines:
+        key = _key_of(line, source)
+        if key is None:
+            out.append(line)
+            continue
+        notes = []
+        where = key
+        inherited = _longest(key, taken)
+        if inherited is not None:
+            where = inherited[1] + key[len(inherited[0]) :]
+            if where in own:
+                continue  # the same value's problem, reported once at camera_defaults
+        at = _longest(where, key_lines)
+        if at is not None:
+            notes.append(f"line {at[1]}")
+        if inherited is not None:
+            notes.append("from camera_defaults")
+        names = _longest(key, used or {}) or _longest(where, used or {})
+        if names is not None and names[1]:
+            notes.append("the value of " + ", ".join(f"${{{n}}}" for n in names[1]))
+        out.append(f"{line} ({'; '.join(notes)})" if notes else line)
+    return out

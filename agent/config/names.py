@@ -12,9 +12,23 @@ MAX_NAME = 128  # device ids, groups, model, camera, zone and line names: topic 
 
 def level_problem(name: str) -> str | None:
     if not _NAME.fullmatch(name):
-        return "may only hold letters, digits, '_', '-' and '.'"
+        return "may only hold ASCII letters (A-Z, a-z), digits (0-9), '_', '-' and '.'"
     if len(name) > MAX_NAME:
         return f"at most {MAX_NAME} characters"
+    return None
+
+
+MAX_DISPLAY_NAME = 64  # a camera's, zone's or line's display `name` (Home Assistant's entity names)
+
+
+def display_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a display name (any Unicode text, shown, never a topic level), or None."""
+    if not name.strip():
+        return "must not be empty"
+    if len(name) > MAX_DISPLAY_NAME:
+        return f"at most {MAX_DISPLAY_NAME} characters"
+    if any(not (c.isprintable() or c == " ") for c in name):
+        return "must not contain control characters (tabs, line breaks, ...)"
     return None
 
 

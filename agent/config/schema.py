@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from agent.config.camera import CameraConfig, analytics_problems
+from agent.config.defaults import CameraDefaults
 from agent.config.deploy import DeployConfig
 from agent.config.errors import show
 from agent.config.impact import Impact
@@ -53,6 +54,9 @@ class AgentConfig(StrictModel):
     engine_dir: Annotated[ConfigPath, Impact.AGENT] = Path("/var/lib/edge-agent/engines")
     models: Annotated[dict[str, ModelConfig], Impact.MODEL]
     cameras: dict[str, CameraConfig]  # added and removed by agent.reload; each key declares its own
+    # Merged into every camera at load (agent.config.defaults); kept here as written, checked key by key
+    # (its keys declare the camera's classes); agent.reload plans the merged cameras, not this.
+    camera_defaults: CameraDefaults = CameraDefaults()  # type: ignore[valid-type]
     mqtt: Annotated[MqttConfig, Impact.CONNECTION] = MqttConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     # Discovery is published again after every reload (entities of what went are deleted).
@@ -80,7 +84,8 @@ class AgentConfig(StrictModel):
             for name in names:
                 problem = level_problem(name)
                 if problem is not None:
-                    problems.append(f"{kind}.{show(name)}: name {problem}")
+                    hint = "; any other text goes in its display `name:`" if kind == "cameras" else ""
+                    problems.append(f"{kind}.{show(name)}: name {problem} (the name is a topic level{hint})")
         for model_name, model in self.models.items():
             problems += dla_problems(model_name, model)
         for cam_name, cam in self.cameras.items():

@@ -216,10 +216,25 @@ def _payload(cfg: AgentConfig, topics: Topics, version: str, node: str, entity: 
     if expire is not None:
         body["expire_after"] = expire
     if entity.kind in ("streaming", "fps", "latency", "snapshot"):
-        return body | _camera_fields(topics, entity)
-    if entity.kind in ("count", "detected"):
-        return body | _detection_fields(topics, entity)
-    return body | _region_fields(topics, entity)
+        fields = _camera_fields(topics, entity)
+    elif entity.kind in ("count", "detected"):
+        fields = _detection_fields(topics, entity)
+    else:
+        fields = _region_fields(topics, entity)
+    return body | fields | {"name": _shown(cfg, entity, fields["name"])}
+
+
+def _shown(cfg: AgentConfig, entity: _Entity, name: str) -> str:
+    """`name` (it starts with the camera's id, and the zone's or line's) with their display `name`s where
+    they have one: HA shows these; the ids stay in the topics and the unique ids."""
+    cam = cfg.cameras[entity.camera]
+    ids, shown = entity.camera, cam.name or entity.camera
+    if entity.region is not None:
+        regions = cam.lines if entity.kind.startswith("line_") else cam.zones
+        region = regions.get(entity.region)
+        ids += f" {entity.region}"
+        shown += f" {(region.name if region is not None else None) or entity.region}"
+    return shown + name.removeprefix(ids)
 
 
 def _camera_fields(topics: Topics, entity: _Entity) -> dict[str, Any]:
