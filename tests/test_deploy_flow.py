@@ -572,3 +572,22 @@ def test_deployments_off_refuse_every_document(cfg: DeployConfig, host: fake_hos
     off = Deployer(cfg.model_copy(update={"enabled": False}), VersionStore(cfg.state_dir), host)
     answer = off.submit(docs.raw("v2"))
     assert not answer["ok"] and "deploy.enabled: false" in answer["reason"] and host.states == []
+
+
+def test_a_chain_of_documents_ends_with_the_newest_the_middle_one_never_starts(
+    deployer: Deployer, host: fake_host, docs: Docs
+) -> None:
+    host.frames_gate = threading.Event()
+    assert deployer.submit(docs.raw("v2"))["ok"]
+    for _ in range(600):
+        if host.states and host.states[-1]["stage"] == "gating":
+            break
+        threading.Event().wait(0.05)
+    assert deployer.submit(docs.raw("v3", onnx="v3.onnx"))["reason"] == "supersedes version v2 (cancelled)"
+    assert deployer.submit(docs.raw("v4", onnx="v4.onnx"))["reason"] == "supersedes version v3 (cancelled)"
+    host.frames_gate.set()
+    state = deployer.wait(MODEL, 120)
+    assert state is not None and state.stage == "serving" and state.version == "v4", state.reason
+    v3 = [(s["stage"], s["reason"]) for s in host.states if s["version"] == "v3"]
+    assert v3 == [("failed", "cancelled: superseded by version v4")]
+    assert [m.onnx.parent.name for m in host.promoted] == ["v4"]

@@ -124,6 +124,10 @@ class Deployer:
         def work() -> None:
             if wait_for is not None and wait_for.thread is not None:
                 wait_for.thread.join()  # one deployment per model: the superseded one cleans up first
+            if job.cancel.is_set():  # superseded in turn while it waited: it never started
+                if job.cancel_reason is not None:
+                    self.env.move(job, FAILED, f"cancelled: {job.cancel_reason}")
+                return
             if not resumed:
                 self.env.move(
                     job,
