@@ -483,3 +483,20 @@ def test_check_fails_naming_a_missing_onnx_file(
     assert json.loads(capsys.readouterr().out)["models"]["det"]["status"] == "error"
     # The bundled model, present: ok as before.
     assert main(["check", "-c", str(config(tmp_path, {}))]) == 0
+
+
+def test_check_config_is_a_command_of_its_own(tmp_path: Path) -> None:
+    """Issue 36 (8): `edge-agent check-config -c F` (before: an argparse error, exit 2 for any config) says
+    what `run -c F --check-config` says, with the same exit code, for a good and a broken config."""
+    good = config(tmp_path, {})
+    (tmp_path / "bad").mkdir()
+    bad = config(tmp_path / "bad", {}, models={"det": bundled_model(onnx=str(tmp_path / "gone.onnx"))})
+    said = {}
+    for path, code in ((good, 0), (bad, 2)):
+        new = run_cli("check-config", "-c", str(path), timeout=120)
+        old = run_cli("run", "-c", str(path), "--check-config", timeout=120)
+        assert (new.returncode, new.stdout, new.stderr) == (old.returncode, old.stdout, old.stderr)
+        assert new.returncode == code, new.stderr
+        said[code] = new
+    assert said[0].stdout.strip() == f"{good}: ok (1 model(s), 0 camera(s))"
+    assert "gone.onnx" in said[2].stderr and "Traceback" not in said[2].stderr

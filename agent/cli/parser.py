@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="command", required=True)
-    serve.add_parsers(sub)  # demo, run
+    serve.add_parsers(sub)  # demo, run, check-config
     lifecycle.add_parsers(sub)  # check, rebuild, calibrate, validate, profile
     install.add_parsers(sub)  # install-service
     fleet.add_parsers(sub)  # fleet status

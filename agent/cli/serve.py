@@ -1,4 +1,5 @@
-"""`edge-agent demo` and `edge-agent run`: an agent (or a sharded supervisor) serving until stopped."""
+"""`edge-agent demo` and `run`: an agent (or a sharded supervisor) serving until stopped; `check-config`
+(= `run --check-config`): the config checked."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"
 DEMO_LABELS = ASSETS / "coco.names"
 DEMO_CLIP = ASSETS / "bikes.mp4"
 _ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.")
+SERVICE_CONFIG = "/etc/edge-agent/agent.yaml"  # where install-service puts it (agent.service.install.CONFIG)
 log = logging.getLogger("agent.cli")  # the name its console warning always had
 
 
@@ -37,6 +39,13 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--check-config", action="store_true", help="validate the config and exit")
     r.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="default: the config's log_level")
     r.set_defaults(func=cmd_run)
+
+    cc = sub.add_parser(
+        "check-config",
+        help="validate a config (schema, files, models): 0 ok, 2 with every problem (= run --check-config)",
+    )
+    cc.add_argument("-c", "--config", default=SERVICE_CONFIG, help=f"default: {SERVICE_CONFIG} (the service)")
+    cc.set_defaults(func=cmd_check_config)
 
 
 def demo_device_id(nodename: str) -> str:
@@ -82,20 +91,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_agent(cfg, quiet_mqtt=True, stop_unread=True)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def checked_config(path: str) -> AgentConfig:
+    """The config at `path`, loaded and preflighted (files, labels, model outputs vs format, classes):
+    ConfigError with every problem otherwise."""
     from agent.preflight import preflight
 
-    cfg = load_config(args.config)
-    problems = preflight(cfg, args.config)  # files, labels, model outputs vs format, classes
+    cfg = load_config(path)
+    problems = preflight(cfg, path)
     if problems:
         raise ConfigError("\n".join(problems))
-    if args.check_config:
-        from agent.shards.placement import place
+    return cfg
 
-        plan = place(cfg)
-        shards = f", {plan.why}" if plan.count > 1 or cfg.pipeline.shards != 1 else ""
-        print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s){shards})")
-        return 0
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """`edge-agent check-config [-c F]` and `run -c F --check-config`: one line when ok (exit 0); every
+    problem and exit 2 otherwise (agent.cli.main prints a ConfigError)."""
+    cfg = checked_config(args.config)
+    from agent.shards.placement import place
+
+    plan = place(cfg)
+    shards = f", {plan.why}" if plan.count > 1 or cfg.pipeline.shards != 1 else ""
+    print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s){shards})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.check_config:
+        return cmd_check_config(args)
+    cfg = checked_config(args.config)
     level = args.log_level or cfg.log_level
     setup_logging(level)
     return run_agent(cfg, config_path=args.config, level=level)
