@@ -70,3 +70,35 @@ def test_demo_publishes_when_a_broker_answers(
     assert len(payloads) >= 20
     labels = {d["label"] for p in payloads for d in p["detections"]}
     assert labels & {"car", "person"}
+
+
+@pytest.mark.parametrize("what", ["missing", "directory", "not a video", "unreadable"])
+def test_demo_with_a_clip_it_cannot_play_exits_2_naming_it(tmp_path: Path, what: str) -> None:
+    """Issue 36 (12): before, the camera retried such a clip forever and the demo never ended (the timeout
+    below fired); now exit 2 at once, the path and the reason on stderr."""
+    import os
+
+    clip = tmp_path / "clip.mp4"
+    reason = {
+        "missing": "no such file",
+        "directory": "is a directory, not a file",
+        "not a video": "not a video FFmpeg can decode (no first frame)",
+        "unreadable": "cannot read (Permission denied)",
+    }[what]
+    if what == "directory":
+        clip.mkdir()
+    elif what != "missing":
+        clip.write_bytes(b"\x00\x00\x00\x18ftypmp42 and then nothing a decoder wants")
+        if what == "unreadable":
+            clip.chmod(0)
+            if os.access(clip, os.R_OK):
+                pytest.skip("root reads a file without permissions")
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo", "--clip", str(clip), "--mqtt-port", str(free_port())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"edge-agent demo: --clip {clip}: {reason}"

@@ -79,8 +79,33 @@ def demo_config(mqtt_host: str = "localhost", mqtt_port: int = 1883, clip: Path 
     return parse_config(data, "<demo>")
 
 
+def clip_problem(clip: Path) -> str | None:
+    """Why the demo cannot play `clip` (None: it decodes a first frame). Without this check a missing or
+    undecodable clip made the camera retry forever and the demo never ended."""
+    from agent.config.files import file_problem
+
+    problem = file_problem(clip)
+    if problem is not None:
+        return problem
+    import cv2
+
+    import pipelines.sources.spec  # noqa: F401  (keeps OpenCV's and FFmpeg's own lines off stderr)
+
+    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG)
+    try:
+        ok, frame = cap.read() if cap.isOpened() else (False, None)
+    finally:
+        cap.release()
+    return None if ok and frame is not None else "not a video FFmpeg can decode (no first frame)"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    if args.clip:
+        problem = clip_problem(Path(args.clip))
+        if problem is not None:
+            print(f"edge-agent demo: --clip {args.clip}: {problem}", file=sys.stderr)
+            return 2
     cfg = demo_config(args.mqtt_host, args.mqtt_port, Path(args.clip) if args.clip else None)
     print(
         f"edge-agent demo: NanoDet-m on {Path(cfg.cameras['street'].url or '').name} "
