@@ -247,8 +247,7 @@ class Device(Generic[R]):
     def _on_region_state(self, topic: str, body: bytes) -> None:
         """A retained zone or line state that no camera publishes now (a zone removed while the agent was
         stopped): delete it. Network thread."""
-        if body and self.mqtt is not None and topic not in self.runtime.live_regions(self.topics):
-            logging.getLogger("agent.daemon").info("deleting stale zone/line state %s", topic)
+        if body and self.mqtt is not None and self.runtime.stale_region(topic, self.topics):
             self.mqtt.publish(topic, b"", qos=1, retain=True, kind="state")
 
     def _publish_discovery(self, old: AgentConfig | None = None) -> None:

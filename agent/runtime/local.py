@@ -239,8 +239,11 @@ class LocalRuntime:
                 cam.events.publish_states()
         self.engines.republish()
 
-    def live_regions(self, topics: Topics) -> set[str]:
-        return self.pipeline.region_topics(topics)
+    def stale_region(self, topic: str, topics: Topics) -> bool:
+        if topic in self.pipeline.region_topics(topics):
+            return False
+        log.info("deleting stale zone/line state %s", topic)
+        return True
 
     def snapshot(self, camera: str) -> dict[str, Any]:
         """cmd/snapshot {camera}: the annotated last frame as JPEG on cameras/<camera>/snapshot."""

@@ -96,8 +96,9 @@ class Runtime(Protocol):
     def republish(self) -> None:
         """After a new MQTT client started: the retained states it must carry again."""
 
-    def live_regions(self, topics: Topics) -> set[str]:
-        """The zone and line state topics published now (any other of this device's is stale)."""
+    def stale_region(self, topic: str, topics: Topics) -> bool:
+        """A retained zone or line state topic of this device that no camera publishes now (a zone removed
+        while the agent was stopped); the runtime logs that it goes."""
         ...
 
     def snapshot(self, camera: str) -> dict[str, Any]: ...

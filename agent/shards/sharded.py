@@ -298,13 +298,16 @@ class ShardedRuntime:
     def republish(self) -> None:
         self.shard_engines.republish()
 
-    def live_regions(self, topics: Topics) -> set[str]:
+    def stale_region(self, topic: str, topics: Topics) -> bool:
         live = set()
         for name, cam in self.cfg.cameras.items():
             if cam.enabled and cam.tracking.enabled:
                 live |= {topics.zone(name, z) for z in cam.zones}
                 live |= {topics.line(name, ln) for ln in cam.lines}
-        return live
+        if topic in live:
+            return False
+        log.info("deleting stale zone/line state %s", topic)
+        return True
 
     def snapshot(self, camera: str) -> dict[str, Any]:
         k = self.plan.cameras.get(camera)
