@@ -420,7 +420,8 @@ def test_an_interrupted_download_resumes_after_a_restart(
     state = deployer.wait(MODEL, 120)
     assert state is not None and state.stage == "serving", state.reason
     assert f'range="bytes={len(data) // 2}-"' in "\n".join(nginx.requests())
-    assert host.states[0]["stage"] == "downloading"  # resumed where it was, not accepted again
+    first = host.states[0]  # resumed where it was, not accepted again
+    assert first["stage"] == "downloading" and first["reason"] == "resumed after a restart"
 
 
 def test_an_interrupted_gate_fails_after_a_restart_and_the_old_version_serves(

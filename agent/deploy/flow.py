@@ -104,7 +104,7 @@ class Run:
     # ---- download and verify -----------------------------------------------------------------------------
     def download(self) -> None:
         doc, env = self.job.doc, self.env
-        self.env.move(self.job, DOWNLOADING)
+        self.env.move(self.job, DOWNLOADING, "resumed after a restart" if self.job.resumed else None)
         arts = [(k, getattr(doc.artifacts, k)) for k in FILES if getattr(doc.artifacts, k) is not None]
         total = sum(a.size for _, a in arts)
         policy = FetchPolicy.from_config(self.cfg)
@@ -144,10 +144,10 @@ class Run:
         self.stop_if_cancelled()
         self.env.move(self.job, VERIFYING)
         verify_model(self.staged["onnx"], self.staged["labels"], self.job.doc.format)
-        existed = self.env.store.version_dir(self.model, self.version).exists()
-        self.env.store.install(self.model, self.version, self.staged, self.job.raw)
-        self.job.installed_here = not existed
+        # Recorded before the install: an agent killed during it leaves a version a restart must remove.
+        self.job.installed_here = not self.env.store.version_dir(self.model, self.version).exists()
         self.env.save(self.job)
+        self.env.store.install(self.model, self.version, self.staged, self.job.raw)
 
     # ---- build, gate, shadow -----------------------------------------------------------------------------
     def frames(self, n: int) -> list:
@@ -266,7 +266,8 @@ class Run:
     def end(self, stage: str, reason: str | None) -> None:
         job, env = self.job, self.env
         job.state.progress = 1.0 if stage == SERVING else job.state.progress
-        if stage in (REJECTED, FAILED) and job.installed_here and not job.promoted:
+        installed = env.store.version_dir(self.model, self.version).exists()
+        if stage in (REJECTED, FAILED) and job.installed_here and installed and not job.promoted:
             notes: list[str] = []
             try:
                 env.store.remove(self.model, self.version, env.host.engine_dir(), notes)

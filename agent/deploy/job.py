@@ -33,6 +33,7 @@ class Job:
     cancel_reason: str | None = None  # None with cancel set: the agent stops (the record stays to resume)
     installed_here: bool = False  # this deployment installed the version folder (removed if refused)
     promoted: bool = False
+    resumed: bool = False  # taken up again from its record after a restart
     thread: threading.Thread | None = None
 
     @property

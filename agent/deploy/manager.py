@@ -237,9 +237,7 @@ class Deployer:
             if state.stage in RESUMABLE:
                 cfg = self.env.config()
                 verify_document(body, cfg.trusted_keys, cfg.allow_unsigned)
-                job = Job(doc, body, document_digest(body), state)
-                state.reason = "resumed after a restart"
-                return job
+                return Job(doc, body, document_digest(body), state, resumed=True)
         except DeployError as exc:
             state.stage, state.reason = FAILED, f"interrupted; not resumed: {exc.reason}"
         self._interrupted(model, state, rec)
@@ -250,7 +248,13 @@ class Deployer:
         version = state.version
         if was == WATCHING and version is not None and self.store.serving(model) == version:
             self.store.set_serving(model, state.previous)
-        if rec.get("installed_here") and version is not None and self.store.serving(model) != version:
+        installed = version is not None and self.store.version_dir(model, version).exists()
+        if (
+            rec.get("installed_here")
+            and installed
+            and version is not None
+            and self.store.serving(model) != version
+        ):
             try:
                 self.store.remove(model, version, self.host.engine_dir())
             except DeployError as exc:
