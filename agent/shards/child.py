@@ -159,8 +159,8 @@ class _Shard:
                 runtime = self.runtime
                 self.outlet.link.telemetry(runtime.telemetry_fields(mqtt), runtime.stages.drain())
                 runtime.after_telemetry()
-            except Exception:
-                log.exception("telemetry failed")
+            except Exception:  # the line and its logger name as a device's (agent.device)
+                logging.getLogger("agent.owner").exception("telemetry failed")
 
 
 class _Requests:
