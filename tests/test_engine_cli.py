@@ -628,3 +628,20 @@ def test_prune_in_a_store_deletes_only_what_the_store_owns(tmp_path: Path, capsy
     assert (d / "important.plan").read_bytes() == b"not ours"
     assert (d / "important-0123456789ab.plan").read_bytes() == b"not ours either"
     assert store.read_plan("det", "k1") == b"plan-1" and s1
+
+
+# ---- issue 36 (9): a missing TensorRT says how to get it ------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "tensorrt_rtx"])
+def test_build_without_the_flavour_names_the_extra(monkeypatch, capsys, backend: str) -> None:
+    """Before: "no TensorRT module is importable (tensorrt: No module named 'tensorrt')" and nothing on how
+    to get it. Now the extra (and JetPack's system package for a Jetson, where the PyPI wheel is wrong)."""
+    from agent.cli import main
+
+    monkeypatch.setitem(sys.modules, backend, None)  # `import tensorrt[_rtx]` raises ImportError
+    assert main(["build", "--onnx", str(NANODET), "--backend", backend]) == 2
+    err = capsys.readouterr().err
+    extra = backend.replace("_", "-")
+    assert f"pip install 'edge-agent[{extra}]'" in err and len(err.strip().splitlines()) == 1
+    assert ("JetPack's python3-libnvinfer" in err) == (backend == "tensorrt")

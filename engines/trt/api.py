@@ -33,4 +33,13 @@ def import_trt(flavor: str | None = None) -> TrtApi:
             return TrtApi(importlib.import_module(name), name)
         except ImportError as e:
             problems.append(f"{name}: {e}")
-    raise UnavailableError("no TensorRT module is importable (" + "; ".join(problems) + ")")
+    raise UnavailableError(
+        "no TensorRT module is importable (" + "; ".join(problems) + "); " + install_hint(names)
+    )
+
+
+def install_hint(flavors: list[str]) -> str:
+    """How to get the flavours (the package's extras; JetPack's system TensorRT on a Jetson)."""
+    extras = " or ".join(f"pip install 'edge-agent[{f.replace('_', '-')}]'" for f in flavors)
+    jetson = " (a Jetson: JetPack's python3-libnvinfer, venv --system-site-packages; README, Jetson)"
+    return f"install it: {extras}" + (jetson if "tensorrt" in flavors else "")
