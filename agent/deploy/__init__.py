@@ -12,6 +12,13 @@ The flow, one module per step:
                (version_files: a version folder's files, record and check, effective_model;
                version_engines: the engines of a pruned version, deleted through the engine store)
     errors     DeployError (one line safe to publish) and its kinds
+    gate       agreement of the candidate with the serving model on live frames (by label name)
+    shadow     both models on live frames, nothing published: latency p95 and detections ratios
+    watch      after promotion: the rollback rules over camera health (judge) and their loop
+    state      the stages and the retained `deployments/{model}` state; a journal line per change
+    host       DeployHost: what the orchestrator needs from the running agent
+    manager    Deployer: documents in, one worker per model, supersede, rollback, start/resume
+               (job: a deployment in flight and its record; flow: the stages of one deployment)
 
 A document is parsed and its signature verified before anything is fetched; then download -> verify ->
 build and gate -> shadow -> promote -> watch, each stage published on `deployments/{model}`; the model
