@@ -308,7 +308,10 @@ def build_standalone(
     except StoreError as e:
         raise UsageError(f"--out {req.out}: {e}") from None
     fp = probe_fingerprint(api, target_compute_capability=req.target_compute_capability)
-    tried: list[dict[str, Any]] = [{"precision": "int8", "built": False, "reason": n} for n in notes]
+    # Left out before building (no calibration data): "skipped"; a step that failed has only its reason.
+    tried: list[dict[str, Any]] = [
+        {"precision": "int8", "built": False, "reason": n, "skipped": True} for n in notes
+    ]
     command = f"{process_command()} [edge-agent build: model {model}, precision {req.precision}]"
     with store.lock(model, wait_s=req.wait_s, command=command):
         failed_build = False

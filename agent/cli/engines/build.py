@@ -64,13 +64,27 @@ def _request(args: argparse.Namespace) -> StandaloneBuild:
     )
 
 
+FOLDED = "int8 (folded)"  # engines.plan.Step.label of INT8 from the folded Q/DQ graph
+
+
 def _say(result: StandaloneResult, out: str) -> None:
-    for t in result.tried:
-        if t["reason"]:
+    tried = result.tried
+    for i, t in enumerate(tried):
+        if not t["reason"]:
+            continue
+        if t.get("skipped"):
             print(f"{result.model}: {t['precision']} not built: {t['reason']}")
+            continue
+        after = tried[i + 1]["precision"] if i + 1 < len(tried) else None
+        if after == FOLDED:  # the unfolded Q/DQ graph failed; its folded twin is the step after
+            what, then = "int8 from the unfolded Q/DQ graph", "; the folded Q/DQ graph was tried next"
+        else:
+            what, then = t["precision"], (f"; {after} was tried next" if after else "")
+        print(f"{result.model}: {what} failed to build: {t['reason']}{then}")
     if result.built:
+        how = " from the folded Q/DQ graph" if tried and tried[-1]["precision"] == FOLDED else ""
         print(
-            f"{result.model}: built {result.precision} engine {result.key} in {result.build_s:.1f} s "
+            f"{result.model}: built {result.precision} engine {result.key}{how} in {result.build_s:.1f} s "
             f"({result.device})"
         )
     else:
