@@ -145,14 +145,18 @@ def slow(dst: Path, matmuls: int = 60, src: Path = NANODET) -> Path:
     return dst
 
 
-def agreement(onnx_path: Path, labels: Path, frames: list[np.ndarray], score: float = SCORE) -> dict:
+def agreement(
+    onnx_path: Path, labels: Path, frames: list[np.ndarray], score: float = SCORE
+) -> dict[str, float | int]:
     from agent.config import ModelConfig
     from agent.deploy.gate import Side, agreement_of
     from agent.lifecycle.model import resolve_spec
     from engines.runtimes.ort import OrtBackend
 
     def side(path: Path, lab: Path) -> Side:
-        cfg = ModelConfig(onnx=path, labels=lab, format="nanodet", backend="onnxruntime", precision="fp32")
+        cfg = ModelConfig.model_validate(
+            {"onnx": path, "labels": lab, "format": "nanodet", "backend": "onnxruntime", "precision": "fp32"}
+        )
         backend = OrtBackend(path)
         backend.load()
         return Side(backend, resolve_spec("nanodet", cfg))

@@ -18,6 +18,9 @@ from __future__ import annotations
 import logging
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from agent.config import ModelConfig
 from agent.deploy.download import DownloadCancelled, FetchPolicy, fetch
@@ -150,7 +153,7 @@ class Run:
         self.env.store.install(self.model, self.version, self.staged, self.job.raw)
 
     # ---- build, gate, shadow -----------------------------------------------------------------------------
-    def frames(self, n: int) -> list:
+    def frames(self, n: int) -> list[np.ndarray]:
         frames = self.env.host.live_frames(self.model, n, self.env.frames_timeout_s)
         if not frames:
             raise Failed(f"{self.job.state.stage}: no live frames from the cameras of {self.model}")
@@ -221,7 +224,7 @@ class Run:
         watch_s = job.doc.watch_s if job.doc.watch_s is not None else self.cfg.watch_s
         env.move(job, WATCHING)
 
-        def on_sample(progress: float, figures: dict) -> None:
+        def on_sample(progress: float, figures: dict[str, Any]) -> None:
             job.state.checks["watch"] = figures
             self.progress(progress)
 
