@@ -4,6 +4,15 @@ The Device/Runtime implements DeployHost: the model sections of its config, the 
 model's cameras, a backend for a candidate model config (built through the engine lifecycle: timing cache,
 precision, the precision gate; ONNX Runtime where no TensorRT runs), the backend serving now, the hot swap
 (agent.lifecycle.swap) and the cameras' health from telemetry. The orchestrator decides; the host acts.
+
+For the real host (the Device/Runtime wiring): candidate_backend builds as EngineManager._open does, for a
+ModelContext(model, model_cfg, engine_dir, score_threshold): agent.lifecycle engine_target(ctx) -> OrtOnly:
+an OrtBackend of ctx.spec.onnx (the embedded default); else JobRunner.run(ctx, caps, precision, force=False,
+on_event) under the model's build lock (frames for the precision gate / INT8 from the running pipeline; the
+version's calibration/ folder where effective_model set it), then the built plan opened as Adopter.load does,
+WITHOUT adopting it (promote does that, through the hot swap). live_frames: the last frames the model's
+pipelines decoded (a small ring per camera), as agent.lifecycle.capture takes them for calibration.
+camera_health: agent.runtime.reports' per-camera window (frames, age p95, detections) and the camera state.
 """
 
 from __future__ import annotations
