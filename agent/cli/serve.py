@@ -15,6 +15,7 @@ from typing import Any
 from agent.cli.argtypes import LOG_LEVELS, port
 from agent.cli.stdout import READER_LEFT, Console
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
+from agent.config.summary import counted
 from agent.logs import setup_logging
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
@@ -121,7 +122,13 @@ def checked_config(path: str) -> AgentConfig:
     ConfigError with every problem otherwise."""
     from agent.preflight import preflight
 
-    cfg = load_config(path)
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        if exc.config is None:  # the schema refused it: nothing to check the files of
+            raise
+        # An unset variable (or a file named in the config): the rest is checked too, every problem at once.
+        raise ConfigError("\n".join([str(exc), *preflight(exc.config, path)])) from None
     problems = preflight(cfg, path)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -136,7 +143,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     plan = place(cfg)
     shards = f", {plan.why}" if plan.count > 1 or cfg.pipeline.shards != 1 else ""
-    print(f"{args.config}: ok ({len(cfg.models)} model(s), {len(cfg.cameras)} camera(s){shards})")
+    print(f"{args.config}: ok ({counted(cfg)}{shards})")
     return 0
 
 
