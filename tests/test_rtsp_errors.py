@@ -46,6 +46,12 @@ def test_refused_and_silent_cameras(silent_port: int) -> None:
     assert "no answer from 127.0.0.1" in err, err
 
 
+def test_a_silent_camera_is_named_with_one_timeout(silent_port: int) -> None:
+    err = read_error(f"rtsp://127.0.0.1:{silent_port}/cam", timeout_s=3.5)
+    assert "open timed out after 3.5 s" in err, err
+    assert f"no answer from 127.0.0.1:{silent_port} within 3.5 s" in err, err
+
+
 def test_auth_and_not_found_from_a_real_rtsp_server(make_rtsp_server: Callable[..., RtspServer]) -> None:
     server = make_rtsp_server(auth=("viewer", SECRET))
     port = server.port

@@ -122,8 +122,9 @@ class Capture:
         timed_out = t.kind in ("rtsp", "stream") and took >= 0.9 * spec.open_timeout_s
         what = f"open timed out after {spec.open_timeout_s:g} s" if timed_out else "cannot open"
         if t.kind == "rtsp" and isinstance(spec.url, str):
-            # Ask the camera itself (refused, timeout, unknown host, 401, 404, ...).
-            why = diagnose(spec.url, timeout=min(3.0, spec.open_timeout_s))
+            # Ask the camera itself (refused, timeout, unknown host, 401, 404, ...), as patiently as the open
+            # was: one timeout in the message (a fixed 3 s probe read "timed out after 5 s: ... within 3 s").
+            why = diagnose(spec.url, timeout=spec.open_timeout_s)
             return self._scrub(f"{what}: {self.display}: {why}")
         if timed_out:
             return self._scrub(f"{what}: {self.display}")
