@@ -4,6 +4,7 @@ and fields, the plot, the summary, and the message when matplotlib is missing. N
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ SHORT = ["--warmup", "0.3", "--duration", "1.5", "--frames", "10", "--clip-frame
 
 def test_sweep_and_overhead_report(tmp_path: Path) -> None:
     out = tmp_path / "b"
-    args = ["bench", "--out", str(out), "--sections", "overhead,sweep", "--streams", "1,3", "--batch", "2"]
+    args = ["bench", "--out", str(out), "--sections", "stages,overhead,sweep", "--streams", "1,3"]
+    args += ["--batch", "2"]
     done = run_cli(*args, *SHORT, "--engine-ms", "3", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())
@@ -45,9 +47,17 @@ def test_sweep_and_overhead_report(tmp_path: Path) -> None:
         assert set(stages) == {"preprocess", "postprocess", "publish"}, stages
         assert all(v > 0 for v in stages.values()) and sum(stages.values()) <= run["cpu_ms_per_frame"] + 0.3
     assert (out / "bench.png").stat().st_size > 0
-    # The one-paragraph summary, then where the report is.
+    # The one-paragraph summary, then where the report is. Issue 36 (11): it leads with what the real model
+    # does on this machine (before: the simulated engine's "3 streams ... 100 %" came first and the real
+    # rate last); every figure of the simulated engine is labelled so, here and in the progress lines.
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("simulated engine 3 ms per batch") and "frame age p50" in lines[0]
+    real = f"nanodet-m-416.onnx with ONNX Runtime on this machine's CPU ({os.cpu_count()} cores): "
+    assert lines[0].startswith(real) and f"{report['fps_sequential']} fps one frame at a time" in lines[0]
+    sim = lines[0].index("Simulated engine, not the model's speed here (nanodet-m-416.onnx outputs recorded")
+    assert lines[0].index("Agent overhead") < sim < lines[0].index("Simulated: 3 streams, batch <= 2")
+    assert "frame age p50" in lines[0][sim:] and "frame age p50" not in lines[0][:sim]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("bench: ")]
+    assert len(progress) == 2 and all(line.startswith("bench: simulated engine: ") for line in progress)
     assert lines[-1] == f"report: {out / 'bench.json'}, plot: {out / 'bench.png'}"
 
 

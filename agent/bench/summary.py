@@ -1,4 +1,5 @@
-"""The report's one-paragraph summary: what ran, the headline numbers."""
+"""The report's one-paragraph summary: the real model's rate on this machine first, the agent's own costs,
+then the simulated engine's figures, each labelled simulated (bench.json's keys are unchanged)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,21 @@ from typing import Any
 
 
 def summary(report: dict[str, Any]) -> str:
-    """One paragraph: what ran, the headline numbers, where the report is."""
-    parts = _sweep(report)
-    parts += [_isolation(iso) for iso in report.get("isolation") or []]
+    """One paragraph: what the real model does on this machine first, then the agent's own costs, then
+    the figures of the simulated engine (replayed outputs at a fixed time per batch), labelled as such."""
+    parts = []
+    if "fps_sequential" in report:
+        infer = report["stages_ms"]["infer"]["p50"]
+        cpus = (report.get("machine") or {}).get("cpus")
+        on = f"ONNX Runtime on this machine's CPU ({cpus} cores)" if cpus else "ONNX Runtime on this CPU"
+        parts.append(
+            f"{report['model']} with {on}: {report['fps_sequential']} fps one frame at a time "
+            f"(infer p50 {infer} ms)."
+        )
+    simulated = (report.get("engine") or {}).get("kind") == "simulated"
+    if not simulated:
+        parts += _sweep(report)
+        parts += [_isolation(iso) for iso in report.get("isolation") or []]
     for run in report.get("decode_alone") or []:
         parts.append(
             f" {run['streams']} streams decoded alone ({run['decoder'].upper()}, {run['shards']} process"
@@ -28,13 +41,13 @@ def summary(report: dict[str, Any]) -> str:
             for k, v in o.items()
         )
         parts.append(f" Agent overhead per frame, inference replayed, one frame at a time: {each}.")
-    if "fps_sequential" in report:
-        infer = report["stages_ms"]["infer"]["p50"]
-        parts.append(f" Sequential ONNX Runtime: {report['fps_sequential']} fps (infer p50 {infer} ms).")
     if "tracking" in report:
         from agent.bench.tracking import summary as tracking_summary  # needs the config's pydantic
 
         parts.append(" " + tracking_summary(report["tracking"]))
+    if simulated:
+        parts += [" " + p.strip() for p in _sweep(report)]
+        parts += [" Simulated engine:" + _isolation(iso) for iso in report.get("isolation") or []]
     return "".join(parts).strip()
 
 
@@ -44,10 +57,11 @@ def _sweep(report: dict[str, Any]) -> list[str]:
     runs = report.get("runs") or []
     if not (runs and eng):
         return []
+    simulated = eng["kind"] == "simulated"
     what = (
-        f"simulated engine {eng['ms_per_batch']:g} ms per batch ({eng['slots']} slot"
-        f"{'s' if eng['slots'] > 1 else ''})"
-        if eng["kind"] == "simulated"
+        f"Simulated engine, not the model's speed here ({report['model']} outputs recorded once, replayed "
+        f"at {eng['ms_per_batch']:g} ms per batch, {eng['slots']} slot{'s' if eng['slots'] > 1 else ''})"
+        if simulated
         else "ONNX Runtime on this CPU"
     )
     opts = report["options"]
@@ -62,7 +76,7 @@ def _sweep(report: dict[str, Any]) -> list[str]:
         f"{opts['preprocess'].upper()} preprocessing{post}, max age {opts['max_age_ms']:g} ms."
     ]
     best = max(runs, key=lambda r: (r["streams"], r["batch"]))
-    parts.append(_point(best))
+    parts.append((" Simulated:" if simulated else "") + _point(best))
     grew = _growth(best)
     if grew:
         parts.append(" " + grew)

@@ -45,7 +45,7 @@ def sweep(opts: BenchOptions, work: Workload, bare: OrtBackend | None) -> list[d
                         )
                         run = _point(opts, run_spec, work, bare, extra_url)
                         run["variant"] = variant
-                        print(run_line(run), file=sys.stderr, flush=True)
+                        print(run_line(run, opts.engine == "sim"), file=sys.stderr, flush=True)
                         runs.append(run)
         finally:
             for buf in keep:
@@ -134,11 +134,12 @@ def against_decode(report: dict[str, Any]) -> None:
             run["vs_decode_alone"] = round(run["processed_fps"] / ref, 3)
 
 
-def run_line(run: dict[str, Any]) -> str:
+def run_line(run: dict[str, Any], simulated: bool = False) -> str:
     lat = run["latency_ms"]
     flap = f" + {run['flap']} {run['variant']}" if run.get("flap") else ""
     line = (
-        f"bench: {run['streams']:>2} streams{flap}, batch <= {run['batch']}: "
+        f"bench: {'simulated engine: ' if simulated else ''}{run['streams']:>2} streams{flap}, "
+        f"batch <= {run['batch']}: "
         f"offered {run['offered_fps']:.1f} fps, processed {run['processed_fps']:.1f} "
         f"({100 * (run['processed_ratio'] or 0):.1f} %), "
         f"age p50/p95/p99 {lat['p50']}/{lat['p95']}/{lat['p99']} ms, "
