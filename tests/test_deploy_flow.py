@@ -253,6 +253,8 @@ def test_a_signed_version_goes_to_serving_through_every_stage(
     assert last["checks"]["watch"]["cameras"]["street"]["state"] == "running"
     progress = [s["progress"] for s in host.states if s["stage"] == "downloading"]
     assert progress == sorted(progress) and progress[-1] == 1.0 and len(progress) > 2
+    timed = ["accepted", "downloading", "verifying", "building", "gating", "shadow", "watching"]
+    assert sorted(last["stage_s"]) == sorted(timed) and min(last["stage_s"].values()) >= 0
     watching = [s["progress"] for s in host.states if s["stage"] == "watching"]
     assert len(watching) > 1 and watching == sorted(watching) and watching[-1] > 0  # the watch reports too
     # Promoted with the hot swap: the version's own files serve; persisted for a restart.

@@ -13,6 +13,7 @@ Every stage change is also one journal line on the "agent.deploy" logger. A reas
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +58,19 @@ class DeploymentState:
     versions: list[str] = field(default_factory=list)
     request_id: str | int | None = None
     superseded: str | None = None  # the version whose pending deployment this one cancelled
+    # Seconds spent in each stage left so far (the share of each stage in command-to-serving).
+    stage_s: dict[str, float] = field(default_factory=dict)
+    _entered: float | None = field(default=None, repr=False, compare=False)
 
     def move(self, stage: str, reason: str | None = None, progress: float = 0.0) -> None:
         """Enter `stage` (one journal line)."""
         if stage not in STAGES:
             raise ValueError(f"stage: unknown {stage!r}")
+        now = time.monotonic()
+        if self._entered is not None and stage != self.stage:
+            self.stage_s[self.stage] = round(self.stage_s.get(self.stage, 0.0) + now - self._entered, 3)
+        if stage != self.stage or self._entered is None:
+            self._entered = now
         self.stage, self.progress = stage, progress
         self.reason = None if reason is None else one_line(reason)
         self.log()
@@ -85,6 +94,8 @@ class DeploymentState:
         }
         if self.superseded is not None:
             body["superseded"] = self.superseded
+        if self.stage_s:
+            body["stage_s"] = dict(self.stage_s)
         return body
 
     def payload(self) -> bytes:
