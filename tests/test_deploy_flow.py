@@ -530,8 +530,15 @@ def test_older_versions_beyond_keep_versions_are_pruned_after_a_promotion(
     ],
 )
 def test_a_refused_download_is_rejected_and_leaves_nothing(
-    deployer: Deployer, host: fake_host, docs: Docs, cfg: DeployConfig, change: dict[str, Any], expect: str
+    deployer: Deployer,
+    host: fake_host,
+    docs: Docs,
+    cfg: DeployConfig,
+    change: dict[str, Any],
+    expect: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     doc = docs.make("v2")
     doc.pop("signature")
     if "url" in change:
@@ -540,7 +547,8 @@ def test_a_refused_download_is_rejected_and_leaves_nothing(
     state = run(deployer, json.dumps(sign_document(doc, docs.key, "ops")).encode())
     assert state.stage == "rejected" and expect in str(state.reason), state.reason
     assert host.stages()[-2:] == ["downloading", "rejected"] and host.promoted == []
-    assert PASSWORD not in json.dumps(host.states)
+    assert PASSWORD not in json.dumps(host.states) and PASSWORD not in caplog.text
+    assert "deployment nanodet v2: rejected: " in caplog.text  # the journal line with the reason
     assert left_in(cfg.state_dir) == [] and deployer.store.versions(MODEL) == []
 
 
