@@ -9,7 +9,8 @@ enters and leaves, line crossings, counts changed). The agent turns that into MQ
 Resets (every track ends, every zone empties): a frame more than ``reset_gap_s`` after the previous one (a
 stalled or reconnected camera: no prediction across the gap, no ghost ids), ``reset()`` (the agent calls it
 when the camera reconnects or stops), and a change of the tracker's settings. Zones and lines change in
-place (``reconfigure``): unchanged ones keep their state and counts, changed or new ones start empty.
+place (``reconfigure``): unchanged ones keep their state and counts, changed or new ones start empty;
+the tracks inside a changed or removed zone leave it first (``leave_zones``: every enter has its leave).
 
 Not thread-safe: the caller serialises ``process``, ``reset`` and ``reconfigure`` (agent.events holds a
 lock per camera around them and the publishing of their results, so events keep their order).
@@ -193,6 +194,30 @@ class CameraAnalytics:
             lines.carry(self.lines, len(self.tracker))
             self.lines = lines
         return result
+
+    def leave_zones(self, zones: tuple[RegionSpec, ...], ts: float) -> Analysis | None:
+        """Before ``reconfigure`` to these zones: the tracks inside a zone that changed or is gone leave it
+        (reason ``zone_changed`` / ``zone_removed``; pipelines.zones ``leave_changed``). The Analysis of
+        those leaves (None: nobody left), to publish while these zones are still in place; the tracks go on
+        and re-enter a changed zone by the normal rule."""
+        out: list[Transition] = []
+        table = self.tracker.table
+        if zones == self.settings.zones or not self.zones.leave_changed(zones, table, ts, out):
+            return None
+        step = Step(np.zeros(0, np.intp))
+        return Analysis(
+            detections=Detections.empty(),
+            track_ids=np.zeros(0, np.int64),
+            ts=ts,
+            frame_id=-1,
+            size=(0, 0),
+            table=table,
+            step=step,
+            active=np.zeros(table.shape[1], bool),
+            transitions=out,
+            zones_changed=True,
+            inside=self.zones.inside,
+        )
 
     def regions(self, kind: str) -> Zones | Lines:
         """The zones ("zone") or the lines ("line"): where the rules of that region kind work

@@ -243,8 +243,39 @@ class Zones(Regions):
         for rule in self.rules:
             rule.clear()
 
+    def leave_changed(
+        self, specs: Sequence[RegionSpec], table: np.ndarray, ts: float, out: list[Transition]
+    ) -> bool:
+        """Before these zones give way to ``specs``: the tracks inside a zone whose definition changed or
+        that is gone leave it (reason ``zone_changed`` / ``zone_removed``), so every enter has its leave
+        across a reload; zones kept as they are keep their state. True if a count changed."""
+        kept, names = set(specs), {s.name for s in specs}
+        inside = self.inside
+        left = False
+        for z, spec in enumerate(self.specs):
+            if spec in kept or not inside.shape[0]:
+                continue
+            rows = inside[:, z].nonzero()[0]
+            reason = "zone_changed" if spec.name in names else "zone_removed"
+            for row in rows.tolist():
+                dwell = ts - float(self.state["entered_at"][row, z])
+                tid, cls = int(table[ID, row]), int(table[CLS, row])
+                out.append(Transition("zone_leave", z, tid, cls, {"dwell_s": dwell, "reason": reason}))
+            if rows.size:
+                inside[rows, z] = False
+                left = True
+        if left:
+            self.counts = self._counts(classes(table, self.n_classes))
+        return left
+
     def carry(self, old: Regions, tracks: int) -> list[int | None]:
         before = super().carry(old, tracks)
+        if isinstance(old, Zones):
+            # A changed zone of the same name: what the tracks visited stays (the object's entered_zones).
+            by_name = {s.name: k for k, s in enumerate(old.specs)}
+            for j, k in enumerate(before):
+                if k is None and (k := by_name.get(self.specs[j].name)) is not None:
+                    self.visited[:, j] = old.visited[:tracks, k]
         olds = {type(r): r for r in old.rules} if isinstance(old, Zones) else {}
         for rule in self.rules:
             if type(rule) in olds:

@@ -246,3 +246,30 @@ def test_reconfigure_keeps_unchanged_zones_and_line_counts() -> None:
     changed_tracker = AnalyticsSettings(TrackerParams(min_hits=3), 0.4, 2.0, (moved,), ())
     result = an.reconfigure(changed_tracker, 2001.0)
     assert result is not None and result.reset == "reconfigured"
+
+
+def test_a_changed_or_removed_zone_gives_the_leaves_of_the_tracks_inside() -> None:
+    """Issue 36.1: every enter has its leave across a reconfiguration; a kept zone keeps its state."""
+    left = RegionSpec("zone", "left", ((0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (0.0, 1.0)))
+    whole = RegionSpec("zone", "whole", ((0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)))
+    an = analytics(zones=(RIGHT_HALF, left, whole))
+    walk = Walk(an)
+    for _ in range(5):
+        walk.step((800, 300, PERSON))
+    assert an.zones.counts.sum(axis=1).tolist() == [1, 0, 1]
+    moved = RegionSpec("zone", "right", ((0.6, 0.0), (1.0, 0.0), (1.0, 1.0), (0.6, 1.0)))
+    settings = AnalyticsSettings(an.settings.tracker, 0.4, 2.0, (moved, left), ())
+    leaves = an.leave_zones(settings.zones, 2000.0)
+    assert leaves is not None and leaves.zones_changed
+    assert [(tr.kind, an.zones.specs[tr.region].name, tr.reason) for tr in leaves.transitions] == [
+        ("zone_leave", "right", "zone_changed"),
+        ("zone_leave", "whole", "zone_removed"),
+    ]
+    assert an.zones.counts.sum() == 0
+    assert an.reconfigure(settings, 2000.0) is None
+    assert an.zones.visited[:, 0].tolist() == [True]  # the object's entered_zones still names "right"
+    assert an.leave_zones(settings.zones, 2001.0) is None  # nothing changed: nobody leaves
+    for _ in range(5):
+        walk.step((800, 300, PERSON))
+    assert walk.kinds()[-1][0] == "zone_enter"  # re-entered the changed zone by the normal rule
+    assert an.zones.counts.sum(axis=1).tolist() == [1, 0]

@@ -145,12 +145,16 @@ class CameraEvents:
         lines that are gone are deleted; the others are published again."""
         settings = analytics_settings(self.camera, cam, labels, labels_src)  # raises before any change
         with self._lock:
+            now = time.time()
+            leaves = self.analytics.leave_zones(settings.zones, now)  # while the old zones are in place
+            if leaves is not None:
+                self._emit(leaves, None)
             gone_zones, gone_lines = self._regions.gone(cam)
             self._cfg = cam.events
             self.labels = labels
             self._regions.configure(cam)
             self._settings = settings
-            result = self.analytics.reconfigure(settings, time.time())
+            result = self.analytics.reconfigure(settings, now)
             if result is not None:
                 self._emit(result, None)
             self._regions.delete(gone_zones, gone_lines)
