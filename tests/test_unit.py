@@ -250,7 +250,9 @@ def test_install_service_cli_dry_run_changes_nothing(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
+    # Exit 2 when the real run would refuse (this venv's Python may sit under /root: ProtectHome), else 0.
+    refusals = Installer(tmp_path / "r", "edge-agent", EXE, dry_run=True).problems()
+    assert out.returncode == (2 if refusals else 0), out.stderr
     assert "systemctl enable --now edge-agent" in out.stdout
     assert not (tmp_path / "r").exists()
 
@@ -271,11 +273,47 @@ def test_install_service_dry_run_works_without_systemd_python(tmp_path: Path) ->
         )
 
     dry = install("--dry-run")
-    assert dry.returncode == 0, dry.stderr
+    # Issue 36 (15): the real run refuses, so the dry run does not exit 0 (before: 0); stderr says why.
+    assert dry.returncode == 2, dry.stderr
     assert "refused without --dry-run: systemd-python is missing" in dry.stdout
+    assert "edge-agent install-service: the real run would refuse: systemd-python is missing" in dry.stderr
     assert "C compiler" in dry.stdout and "--system-site-packages" in dry.stdout
     assert "edge-agent.service" in dry.stdout and "systemctl enable --now edge-agent" in dry.stdout
     real = install()
     assert real.returncode == 2 and "systemd-python is missing" in real.stderr, real.stderr
     assert "Traceback" not in dry.stderr + real.stderr
     assert not Path(root).exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None, reason="useradd --prefix needs root"
+)
+def test_dry_run_prints_the_owners_the_real_run_sets(tmp_path: Path, service_exe: Path) -> None:
+    """Issue 36 (15): before, a dry run that would create the service user printed root:root for what the
+    real run makes root:edge-agent (and edge-agent:edge-agent for the state dir). Now the dry run's lines
+    are the real run's, and those say what the files are."""
+    root = stage_root(tmp_path)
+    dry: list[str] = []
+    installer = Installer(root, "edge-agent", service_exe, dry_run=True, say=dry.append)
+    installer.run()
+    assert installer.refusals == [] and not (root / "etc" / "edge-agent").exists()
+    real: list[str] = []
+    Installer(root, "edge-agent", service_exe, say=real.append).run()
+    assert [line for line in dry if not line.startswith("user ")] == [
+        line for line in real if not line.startswith("user ")
+    ]
+    etc = root / "etc" / "edge-agent"
+    assert f"dir  {etc} (750 root:edge-agent)" in dry
+    assert f"file {etc / 'agent.yaml'} (640 root:edge-agent)" in dry
+    assert f"dir  {root / 'var' / 'lib' / 'edge-agent'} (750 edge-agent:edge-agent)" in dry
+    names = {int(f.split(":")[2]): f.split(":")[0] for f in (root / "etc" / "group").read_text().splitlines()}
+    for line in real:
+        kind, _, rest = line.partition(" ")
+        if kind not in ("dir", "file"):
+            continue
+        path, owners = rest.strip().split(" (")[0], rest.rsplit(" ", 1)[1].rstrip(")")
+        st = Path(path).stat()
+        users = {0: "root"} | {
+            int(f.split(":")[2]): f.split(":")[0] for f in (root / "etc" / "passwd").read_text().splitlines()
+        }
+        assert f"{users[st.st_uid]}:{names[st.st_gid]}" == owners, line

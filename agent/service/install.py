@@ -47,6 +47,9 @@ class InstallError(RuntimeError):
     pass
 
 
+PLANNED = (-1, -1)  # the ids of a service user a dry run would create (only its owners are printed)
+
+
 def _asset(name: str) -> Path:
     return Path(str(resources.files("agent") / "assets" / name))
 
@@ -154,16 +157,22 @@ def interpreter_of(executable: Path) -> Path | None:
     return Path(words[0]) if words else None
 
 
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def _describe(path: Path, st: os.stat_result) -> str:
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    return f"{path} ({stat.filemode(st.st_mode)} {owner}:{group})"
+    return f"{path} ({stat.filemode(st.st_mode)} {_user_name(st.st_uid)}:{_group_name(st.st_gid)})"
 
 
 def _hops(path: Path) -> list[Path]:
@@ -211,6 +220,8 @@ class Installer:
         self.dry_run = dry_run
         self.say = say
         self.staged = root.resolve() != Path("/")
+        self.refusals: list[str] = []  # what the real run refuses (a dry run lists them and goes on)
+        self._user_planned = False  # a dry run that would create the user: the real run's owners have it
 
     def path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
@@ -218,6 +229,8 @@ class Installer:
     def run(self) -> None:
         self._check()
         ids = self._user()
+        if ids is None and self._user_planned:
+            ids = PLANNED  # for the owners printed only: a dry run writes nothing
         etc = self.path("/etc/edge-agent")
         self._mkdir(etc, 0o750, ids)
         self._write(self.path(CONFIG), example_config(), 0o640, ids, keep=True)
@@ -229,11 +242,14 @@ class Installer:
 
     def _check(self) -> None:
         """Refuse what could not work under the unit; a dry run shows the plan and what would be refused."""
-        if not self.staged and os.geteuid() != 0 and not self.dry_run:
-            raise InstallError("installing the service needs root (sudo), or --root DIR to stage it")
+        if not self.staged and os.geteuid() != 0:
+            if not self.dry_run:
+                raise InstallError("installing the service needs root (sudo), or --root DIR to stage it")
+            self.say("note: the real run needs root (sudo); the owners below are the ones it sets")
         problems = self.problems()
         if problems and not self.dry_run:
             raise InstallError("\n".join(problems))
+        self.refusals = problems
         for problem in problems:
             self.say(f"refused without --dry-run: {problem}")
 
@@ -296,6 +312,7 @@ class Installer:
         cmd.append(self.user)
         self.say(f"user {self.user}: {' '.join(cmd)}")
         if self.dry_run:
+            self._user_planned = True
             return None
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -313,8 +330,16 @@ class Installer:
             return False
         return True
 
+    def _owners(self, ids: tuple[int, int] | None, service_owned: bool = False) -> str:
+        """user:group the real run leaves on what it makes: root and the service's group (the service user
+        itself with `service_owned`) as root; the caller's own when it stages without root (no chown)."""
+        if self.staged and os.geteuid() != 0:
+            return f"{_user_name(os.geteuid())}:{_group_name(os.getegid())}"
+        group = self.user if ids is not None else "root"
+        return f"{group}:{group}" if service_owned else f"root:{group}"
+
     def _mkdir(self, path: Path, mode: int, ids: tuple[int, int] | None) -> None:
-        self.say(f"dir  {path} ({mode:o} root:{self.user if ids else 'root'})")
+        self.say(f"dir  {path} ({mode:o} {self._owners(ids)})")
         if self.dry_run:
             return
         path.mkdir(parents=True, exist_ok=True)
@@ -326,7 +351,7 @@ class Installer:
         user's), made now: `--check-config` run as the service user before that start checks engine_dir
         under it (it must be creatable and writable) and would be refused otherwise."""
         state = self.path("/var/lib/edge-agent")
-        self.say(f"dir  {state} (750 {self.user if ids else 'root'}:{self.user if ids else 'root'})")
+        self.say(f"dir  {state} (750 {self._owners(ids, service_owned=True)})")
         if self.dry_run:
             return
         state.mkdir(parents=True, exist_ok=True)
@@ -338,7 +363,7 @@ class Installer:
         if keep and path.exists():
             self.say(f"file {path}: kept (exists)")
             return
-        self.say(f"file {path} ({mode:o} root:{self.user if ids else 'root'})")
+        self.say(f"file {path} ({mode:o} {self._owners(ids)})")
         if self.dry_run:
             return
         tmp = path.with_name(f".{path.name}.tmp")
@@ -370,7 +395,11 @@ Next:
 
 
 def install_service(root: Path, user: str, dry_run: bool, say: Callable[[str], None] = print) -> int:
+    """0 when installed (or a dry run found nothing the real run refuses); 2 for a dry run that lists
+    what the real run would refuse, said last on stderr (the real run raises InstallError instead)."""
     installer = Installer(root, user, dry_run=dry_run, say=say)
     installer.run()
     say(NEXT_STEPS.format(user=user, exe=installer.executable))
-    return 0
+    for problem in installer.refusals:
+        print(f"edge-agent install-service: the real run would refuse: {problem}", file=sys.stderr)
+    return 2 if installer.refusals else 0
