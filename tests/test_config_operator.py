@@ -148,6 +148,14 @@ def test_an_unset_variable_does_not_hide_the_other_problems(tmp_path: Path) -> N
         assert "yolov8n.onnx" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_path_that_holds_an_unset_variable_is_named_once(tmp_path: Path) -> None:
+    text = BASE.replace(str(ASSETS / "nanodet-m-416.onnx"), "${MODELS}/yolov8n.onnx")
+    out = edge_agent("check-config", "-c", str(write(tmp_path, text)))
+    assert out.returncode == 2, out
+    unset = "models.det.onnx: environment variable MODELS is not set (line 4)"
+    assert out.stderr.splitlines() == [f"edge-agent: {tmp_path / 'agent.yaml'}: {unset}"]
+
+
 def test_the_shipped_full_example_lists_every_problem(tmp_path: Path) -> None:
     out = edge_agent("check-config", "-c", str(REPO / "examples" / "agent.yaml"))
     assert out.returncode == 2, out
@@ -261,3 +269,12 @@ def test_a_change_of_camera_defaults_plans_as_the_same_change_in_each_camera(tmp
     assert by_defaults.summary() == by_cameras.summary()
     restart = _plan(cameras(), cameras().replace("  fps: 5\n", "  fps: 6\n"), tmp_path)
     assert restart.cameras_restarted == ["gate", "yard"] and not restart.live, restart
+
+
+def test_camera_defaults_are_bounded_as_aliases_are(tmp_path: Path) -> None:
+    many = "".join(f"  c{i}:\n    url: rtsp://10.0.0.21/s\n" for i in range(100))
+    polygon = [[i / 20, (i % 2) / 2] for i in range(20)]
+    zones = ", ".join(f"z{i}: {{polygon: {polygon}}}" for i in range(32))
+    defaults = f"camera_defaults:\n  model: det\n  zones: {{{zones}}}\n"
+    text = BASE.replace("cameras:\n", defaults + "cameras:\n" + many)
+    assert refused(tmp_path, text) == ["camera_defaults: too many values once merged into 101 cameras"]

@@ -128,7 +128,8 @@ def checked_config(path: str) -> AgentConfig:
         if exc.config is None:  # the schema refused it: nothing to check the files of
             raise
         # An unset variable (or a file named in the config): the rest is checked too, every problem at once.
-        raise ConfigError("\n".join([str(exc), *preflight(exc.config, path)])) from None
+        more = [line for line in preflight(exc.config, path) if "${" not in line]  # its variable is named
+        raise ConfigError("\n".join([str(exc), *more])) from None
     problems = preflight(cfg, path)
     if problems:
         raise ConfigError("\n".join(problems))

@@ -13,6 +13,8 @@ from pydantic import create_model
 from pydantic.fields import FieldInfo
 
 from agent.config.camera import CameraConfig
+from agent.config.env import MAX_NODES
+from agent.config.errors import ConfigError
 from agent.config.strict import StrictModel
 
 # A camera's own: its source and what tells it apart (its display name, its shard).
@@ -23,7 +25,8 @@ def _optional(info: FieldInfo) -> tuple[Any, FieldInfo]:
     """A camera field as a default: the same type, constraints and reload class, absent unless written."""
     field = FieldInfo.merge_field_infos(info, default=None)
     field.default_factory = None
-    return info.annotation | None, field
+    annotation: Any = info.annotation
+    return annotation | None, field
 
 
 # Each key as the camera's (its checks, its reload class), every one optional; a camera's own keys refused.
@@ -33,6 +36,15 @@ CameraDefaults: type[StrictModel] = create_model(  # type: ignore[call-overload]
     __doc__="camera_defaults: any camera key but its own (OWN_KEYS); see agent.config.defaults.",
     **{name: _optional(info) for name, info in CameraConfig.model_fields.items() if name not in OWN_KEYS},
 )
+
+
+def _count(value: Any) -> int:
+    """How many values `value` holds (itself included)."""
+    if isinstance(value, dict):
+        return 1 + sum(_count(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_count(v) for v in value)
+    return 1
 
 
 def _merge(default: Any, own: Any, at: str, taken: dict[str, str], rel: str) -> Any:
@@ -55,7 +67,8 @@ def apply_camera_defaults(
 ) -> tuple[dict[Any, Any], dict[str, str], list[str]]:
     """`data` with camera_defaults merged into each camera (camera_defaults itself kept for the schema to
     check), the camera key paths whose value came from it (-> the camera_defaults path) and the problems
-    found here (a camera's own key written as a default). `failed` (unset variables) grows by the cameras'
+    found here (a camera's own key written as a default); ConfigError where the merge would make too many
+values. `failed` (unset variables) grows by the cameras'
     copies of such values."""
     defaults = data.get("camera_defaults")
     cameras = data.get("cameras")
@@ -70,6 +83,9 @@ def apply_camera_defaults(
     data = {**data, "camera_defaults": merged_from}
     if not isinstance(cameras, dict):
         return data, {}, problems
+    # The merge shares the defaults' values among the cameras; the schema checks each copy (as with aliases).
+    if len(cameras) * _count(merged_from) > MAX_NODES:
+        raise ConfigError(f"camera_defaults: too many values once merged into {len(cameras)} cameras")
     taken: dict[str, str] = {}
     out = {}
     for name, cam in cameras.items():

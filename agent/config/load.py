@@ -49,7 +49,10 @@ def _parse(
         data = expand_env(data, source, env, found, failed, used)
     except ConfigError as exc:
         raise ConfigError(joined([*problems, str(exc)], source)) from None
-    data, taken, own = apply_camera_defaults(data, failed)
+    try:
+        data, taken, own = apply_camera_defaults(data, failed)
+    except ConfigError as exc:
+        raise ConfigError(joined([*problems, f"{source}: {exc}"], source)) from None
     found += [f"{source}: {line}" for line in own]
     try:
         cfg = AgentConfig.model_validate(data)
@@ -60,6 +63,7 @@ def _parse(
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
     files = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
+    files = [line for line in files if "${" not in line]  # a path with an unset variable: reported above
     if problems or found or files:
         # Only values the schema took (an unset variable's text): the config goes with the error so the
         # caller can check its files and models too (every problem at once).

@@ -68,8 +68,8 @@ class _Loader(yaml.SafeLoader):
                     name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
                     todo.append((value_node, f"{path}.{name}" if path else name))
                     if len(self.key_lines) < MAX_KEYS:
-                        where = key_path(f"{path}.{name}" if path else name)
-                        self.key_lines.setdefault(where, key_node.start_mark.line + 1)
+                        at = key_path(f"{path}.{name}" if path else name)
+                        self.key_lines.setdefault(at, key_node.start_mark.line + 1)
                     if key is not None:
                         lines.setdefault(key, []).append(key_node.start_mark.line + 1)
                         names.setdefault(key, name)
