@@ -56,6 +56,7 @@ class fake_host:
         self.states: list[dict[str, Any]] = []
         self.fail_camera_after_promote = False
         self.health_error_after_promote = False
+        self.build_error: Exception | None = None  # raised by candidate_backend
         self.frames_gate: threading.Event | None = None  # set: live_frames waits for it
 
     def model_config(self, model: str) -> ModelConfig | None:
@@ -82,6 +83,8 @@ class fake_host:
             backend.close()
 
     def candidate_backend(self, model: str, model_cfg: ModelConfig) -> contextlib.AbstractContextManager[Any]:
+        if self.build_error is not None:
+            raise self.build_error
         return self._ort(model_cfg)
 
     def serving_backend(self, model: str) -> contextlib.AbstractContextManager[Any]:
@@ -602,3 +605,24 @@ def test_a_chain_of_documents_ends_with_the_newest_the_middle_one_never_starts(
     v3 = [(s["stage"], s["reason"]) for s in host.states if s["version"] == "v3"]
     assert v3 == [("failed", "cancelled: superseded by version v4")]
     assert [m.onnx.parent.name for m in host.promoted] == ["v4"]
+
+
+@pytest.mark.parametrize(
+    ("error", "stage"), [(RuntimeError, "rejected"), (OSError, "failed")], ids=["engine", "device"]
+)
+def test_a_build_error_ends_the_deployment_without_leaking_the_url(
+    deployer: Deployer,
+    host: fake_host,
+    docs: Docs,
+    cfg: DeployConfig,
+    caplog: pytest.LogCaptureFixture,
+    error: type[Exception],
+    stage: str,
+) -> None:
+    doc = docs.make("v2")
+    url = doc["artifacts"]["onnx"]["url"]
+    host.build_error = error(f"cannot build from {url}")  # an error quoting the URL it was given
+    state = run(deployer, json.dumps(doc).encode())
+    assert state.stage == stage and str(state.reason).startswith("building: "), state.reason
+    assert PASSWORD not in json.dumps(host.states) and PASSWORD not in caplog.text
+    assert deployer.store.versions(MODEL) == [] and host.promoted == [] and left_in(cfg.state_dir) == []

@@ -44,6 +44,7 @@ from agent.deploy.verify import verify_model
 from agent.deploy.version_files import effective_model, sha256_of
 from agent.deploy.watch import watch
 from agent.lifecycle.model import resolve_spec
+from pipelines.urls import scrubber
 
 log = logging.getLogger("agent.deploy")
 
@@ -72,6 +73,9 @@ class Run:
         self.cfg = env.config()
         self.model, self.version = job.model, job.version
         self.staged: dict[str, Path] = {}
+        arts = job.doc.artifacts
+        urls = " ".join(a.url for a in (arts.onnx, arts.labels, arts.calibration) if a is not None)
+        self.scrub = scrubber(urls)  # every reason passes it: no URL credentials in a state or a line
         self._shown, self._shown_stage = -1.0, ""
 
     # ---- the whole flow ----------------------------------------------------------------------------------
@@ -97,7 +101,8 @@ class Run:
         except DeployError as exc:
             self.end(REJECTED, exc.reason)
         except Exception as exc:
-            log.exception("deployment %s %s: unexpected error", self.model, self.version)
+            # No traceback in the journal: an exception's text may quote an artifact URL (scrubbed here).
+            log.error("deployment %s %s: unexpected %s", self.model, self.version, type(exc).__name__)
             self.end(FAILED, f"{job.state.stage}: {type(exc).__name__}: {str(exc)[:300]}")
 
     def stop_if_cancelled(self) -> None:
@@ -268,6 +273,7 @@ class Run:
 
     def end(self, stage: str, reason: str | None) -> None:
         job, env = self.job, self.env
+        reason = None if reason is None else self.scrub(reason)
         job.state.progress = 1.0 if stage == SERVING else job.state.progress
         installed = env.store.version_dir(self.model, self.version).exists()
         if stage in (REJECTED, FAILED) and job.installed_here and installed and not job.promoted:
