@@ -320,6 +320,7 @@ def test_build_without_config_and_the_engines_commands(tmp_path: Path) -> None:
 
     again = engines_cli("build", "--onnx", str(NANODET), "--name", "det", "--out", str(out))
     assert again.returncode == 0 and "up to date; nothing to build" in again.stdout
+    assert "nothing to build (--force rebuilds)" in again.stdout  # issue 36 (17): it said "use force"
     forced = engines_cli(
         "build", "--onnx", str(NANODET), "--name", "det", "--out", str(out), "--force", "--json"
     )

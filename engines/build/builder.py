@@ -186,7 +186,7 @@ def _check(
     if not result.ok:
         return None, result.reasons
     assert result.plan_path is not None  # check() names the plan of an engine that fits
-    message = f"engine {result.key} of model {model!r} is up to date; nothing to build (use force to rebuild)"
+    message = f"engine {result.key} of model {model!r} is up to date; nothing to build (--force rebuilds)"
     return BuildResult(False, result.key, result.plan_path, result.manifest, 0.0, message), []
 
 
