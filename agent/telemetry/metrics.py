@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from functools import cached_property
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -48,6 +49,7 @@ class Metrics(MetricDefs):
                     self._remove(spec, gone)
         if cameras is not None:
             self._forget_cameras(set(cameras))
+            self._zero_cameras(cameras)
 
     def _update_field(self, spec: MetricSpec, f: Field, fields: Mapping[str, Any], seen: set[Series]) -> None:
         metric = self.metric(spec.name)
@@ -67,8 +69,9 @@ class Metrics(MetricDefs):
             if f.kind is Kind.TOTAL:
                 self._advance(spec, labels, value)
             elif f.kind is Kind.INCREMENT:
+                child = self._child(spec, labels)  # at 0 from its first report (increase() sees the first)
                 if value > 0:
-                    self._child(spec, labels).inc(value)
+                    child.inc(value)
             else:
                 self._child(spec, labels).set(value)
                 seen.add(labels)
@@ -88,6 +91,25 @@ class Metrics(MetricDefs):
         self._series[spec.name].discard(labels)
         self._totals.pop((spec.name, labels), None)
 
+    def _zero_cameras(self, cameras: Collection[str]) -> None:
+        """Every counter whose only wildcard is the camera (fields.py says which) has a series at 0 for
+        each configured camera, from the moment the camera is, reported or not: ``increase()`` over a
+        series that appears at its first increment misses that increment (a camera's first outage). The
+        series of its zones, lines and event types start at 0 with the first payload that names them."""
+        for spec in self._camera_counters:
+            for f in spec.fields:
+                const = tuple(v for _, v in f.const)
+                for camera in cameras:
+                    self._child(spec, (camera, *const))
+
+    @cached_property
+    def _camera_counters(self) -> tuple[MetricSpec, ...]:
+        return tuple(
+            s
+            for s in self.specs.values()
+            if s.kind.prometheus == "counter" and all(f.keys == ("camera",) for f in s.fields)
+        )
+
     def _forget_cameras(self, keep: set[str]) -> None:
         """Remove every series of a camera not in ``keep`` (removed or disabled by a reload): a dashboard
         must not show its last values forever. Its counters start from 0 if it comes back."""
@@ -105,8 +127,9 @@ class Metrics(MetricDefs):
         key = (spec.name, labels)
         last = self._totals.get(key, 0.0)
         step = total - last if total >= last else total
+        child = self._child(spec, labels)  # at 0 from its first report, so increase() sees the first step
         if step > 0:
-            self._child(spec, labels).inc(step)
+            child.inc(step)
         self._totals[key] = total
 
     def start_http(self, port: int, addr: str = "0.0.0.0") -> int:
