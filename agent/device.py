@@ -4,7 +4,7 @@ process, agent.runtime.local, or pipeline shards, agent.shards.sharded).
 It owns what a device has once: the MQTT client (status, its last will, command intake), Home Assistant
 discovery and the deletion of stale retained configs and zone states, the service supervisor
 (READY/STATUS/WATCHDOG), telemetry (MQTT and Prometheus), the main loop over signals, and reloads (SIGHUP,
-cmd/reload): the file read and checked, planned (agent.reload), then `runtime.prepare` -> `commit`, or
+cmd/reload): the file read and checked, planned (agent.config.reload), then `runtime.prepare` -> `commit`, or
 `rollback` when the device cannot follow. Threads: the main thread runs the loop, stops and reloads; the
 MQTT network thread calls the command router and the watch callbacks; a telemetry thread publishes.
 """
@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
+from agent.config.reload import ReloadPlan, keep_until_restart, plan_reload
 from agent.mqtt import MqttClient, MqttError
 from agent.mqtt.commands import (
     Answer,
@@ -31,7 +32,6 @@ from agent.mqtt.commands import (
 from agent.mqtt.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
-from agent.reload import ReloadPlan, keep_until_restart, plan_reload
 from agent.runtime.protocol import Mirror, Runtime, device_topics
 from agent.runtime.reports import CameraState
 from agent.service.notify import Notifier

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.config import ConfigError, load_config
-from agent.reload import plan_reload
+from agent.config.reload import plan_reload
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"

@@ -11,8 +11,8 @@ import pytest
 
 from agent.config import AgentConfig, ConfigError, DeployConfig, load_config, parse_config
 from agent.config.impact import Impact, keys
+from agent.config.reload import plan_reload
 from agent.deploy.signing import generate_keys
-from agent.reload import plan_reload
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "agent" / "assets" / "nanodet-m-416.onnx"

@@ -304,7 +304,7 @@ def test_loiter_s_is_off_by_default_and_reaches_the_analytics() -> None:
 
 
 def test_a_loiter_s_change_is_applied_in_place_by_a_reload() -> None:
-    from agent.reload import plan_reload
+    from agent.config.reload import plan_reload
 
     def config(**zone: Any) -> Any:
         gate = {"url": "/v.mp4", "model": "d", "zones": {"z": {"polygon": [list(p) for p in RIGHT], **zone}}}

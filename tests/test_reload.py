@@ -14,7 +14,7 @@ from fixtures_agent import AgentProcess, bundled_model, wait
 from fixtures_mqtt import Broker, Message, Subscriber
 
 from agent.config import parse_config
-from agent.reload import plan_reload
+from agent.config.reload import plan_reload
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"

@@ -12,8 +12,8 @@ import pytest
 from agent.config import AgentConfig, CameraConfig, parse_config
 from agent.config.impact import Impact, changes, impact_table, keys, undeclared
 from agent.config.reader import camera_reader, source_spec
+from agent.config.reload import APPLIED, ReloadPlan, keep_until_restart, plan_reload
 from agent.config.strict import StrictModel
-from agent.reload import APPLIED, ReloadPlan, keep_until_restart, plan_reload
 from pipelines.sources import FrameSlot
 from pipelines.sources.nvdec import NvdecStage
 

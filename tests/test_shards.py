@@ -16,9 +16,9 @@ from agent.bench.args import add_arguments, options_from_args
 from agent.bench.load import RunSpec
 from agent.bench.shards import merge, split
 from agent.config import AgentConfig, ConfigError, parse_config
+from agent.config.reload import plan_reload
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.roles import ShardRole
-from agent.reload import plan_reload
 from agent.shards.placement import DEFAULT_FPS, LOAD_PER_SHARD, camera_load, place, shard_count
 from agent.telemetry import StageWindow
 

@@ -212,7 +212,7 @@ def test_preflight_checks_zone_and_line_labels_against_the_model() -> None:
 
 
 def test_reload_plan_changes_analytics_in_place() -> None:
-    from agent.reload import plan_reload
+    from agent.config.reload import plan_reload
 
     old = cfg(zones={"z": {"polygon": SQUARE}})
     for change in (

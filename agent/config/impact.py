@@ -4,7 +4,7 @@
 
 A field of a nested section takes the class of the field that holds it unless it declares its own
 (`zones` is ANALYTICS, so every key of a zone is; `telemetry` declares nothing, its two keys do).
-agent.reload plans from these declarations; `undeclared` names any key without a class (a test keeps it
+agent.config.reload plans from these declarations; `undeclared` names any key without a class (a test keeps it
 empty) and `impact_table` writes README's table of what a reload changes.
 """
 

@@ -53,9 +53,9 @@ class AgentConfig(StrictModel):
     device_id: Annotated[str, Impact.CONNECTION] = Field(default_factory=socket.gethostname)  # in the topics
     engine_dir: Annotated[ConfigPath, Impact.AGENT] = Path("/var/lib/edge-agent/engines")
     models: Annotated[dict[str, ModelConfig], Impact.MODEL]
-    cameras: dict[str, CameraConfig]  # added and removed by agent.reload; each key declares its own
+    cameras: dict[str, CameraConfig]  # added and removed by agent.config.reload; each key declares its own
     # Merged into every camera at load (agent.config.defaults); kept here as written, checked key by key
-    # (its keys declare the camera's classes); agent.reload plans the merged cameras, not this.
+    # (its keys declare the camera's classes); agent.config.reload plans the merged cameras, not this.
     camera_defaults: CameraDefaults = CameraDefaults()  # type: ignore[valid-type]
     mqtt: Annotated[MqttConfig, Impact.CONNECTION] = MqttConfig()
     telemetry: TelemetryConfig = TelemetryConfig()

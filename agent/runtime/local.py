@@ -19,13 +19,13 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, ModelConfig
+from agent.config.reload import ReloadPlan
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.roles import DEVICE, Role
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics
-from agent.reload import ReloadPlan
 from agent.runtime import reports
 from agent.runtime.cameras import CameraRuntime
 from agent.runtime.protocol import Outlet

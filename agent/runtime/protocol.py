@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agent.config import AgentConfig
+from agent.config.reload import ReloadPlan
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics
-from agent.reload import ReloadPlan
 from agent.runtime.reports import CameraState
 from agent.service.supervisor import Progress
 from engines.precision import Precision

@@ -1,4 +1,4 @@
-"""A reload applied in place (agent.reload plans it): all or nothing.
+"""A reload applied in place (agent.config.reload plans it): all or nothing.
 
 ``prepare`` does everything that can fail while nothing has changed yet: it opens the models to add or
 reopen (ONNX Runtime serves at once; engines build in the background as at start) and checks the class
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent.config import AgentConfig, ModelConfig
+from agent.config.reload import ReloadPlan
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.manager import EngineManager, ModelEngine
-from agent.reload import ReloadPlan
 from agent.runtime.sinks import ResultSinks
 from agent.runtime.wiring import Pipeline
 

@@ -123,7 +123,7 @@ class _Shard:
     def apply_config(self, new: AgentConfig) -> str:
         """A reload: the supervisor read, checked and placed the config; this applies this shard's part in
         place (plan -> prepare -> commit, as a device does) and says what changed."""
-        from agent.reload import plan_reload
+        from agent.config.reload import plan_reload
 
         runtime, outlet = self.runtime, self.outlet
         plan = plan_reload(runtime.cfg, new)

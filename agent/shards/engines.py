@@ -17,11 +17,11 @@ import numpy as np
 
 from agent import __version__
 from agent.config import AgentConfig
+from agent.config.reload import ReloadPlan
 from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.roles import SupervisorRole
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics, payload
-from agent.reload import ReloadPlan
 from agent.shards.host import ShardHost
 from agent.shards.placement import ShardPlan
 from engines.cuda.gpu_probe import NVML, GpuInfo

@@ -26,11 +26,11 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig
+from agent.config.reload import ReloadPlan
 from agent.lifecycle.manager import EngineManager
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandError
 from agent.mqtt.topics import Topics
-from agent.reload import ReloadPlan
 from agent.runtime.protocol import Outlet
 from agent.runtime.reports import CameraState, camera_state_payload
 from agent.service.notify import Notifier, extending

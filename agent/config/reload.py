@@ -24,8 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.config import AgentConfig, CameraConfig
+from agent.config.camera import CameraConfig
 from agent.config.impact import Change, Impact, changes, declared
+from agent.config.schema import AgentConfig
 
 # The classes the planner applies, by where the key is: a key declared with another class there would be
 # a change nobody applies (tests/test_reload_impact.py checks the schema against these).
