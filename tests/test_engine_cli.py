@@ -331,10 +331,20 @@ def test_build_without_config_and_the_engines_commands(tmp_path: Path) -> None:
     )
     assert result["built"] and result["previous"] == first_plan and result["plan"] != first_plan
 
+    # Issue 36 (17): only the key the model serves is "current", and only -c agent.yaml tells which one
+    # (before: every key of the model was "current"); without it the newest key is "newest".
+    put(EngineStore(out), 0, key="0123456789abcdef")  # an older key of other settings: kept
     rows = json.loads(engines_cli("engines", "list", "--dir", str(out), "--json").stdout)
-    assert [(r["model"], r["state"], r["plan"]) for r in rows] == [
-        ("det", "current", result["plan"]),
+    assert [(r["model"], r["state"], r["plan"]) for r in rows][:2] == [
+        ("det", "newest", result["plan"]),
         ("det", "previous", first_plan),
+    ]
+    assert [r["state"] for r in rows[2:]] == ["kept"]
+    served = json.loads(engines_cli("engines", "list", "-c", str(config), "--json").stdout)
+    assert [(r["key"], r["state"]) for r in served] == [
+        (result["key"], "current"),
+        (result["key"], "previous"),
+        ("0123456789abcdef", "kept"),
     ]
     assert (
         rows[0]["trt_flavor"] == "tensorrt_rtx"
@@ -343,6 +353,8 @@ def test_build_without_config_and_the_engines_commands(tmp_path: Path) -> None:
     )
     table = engines_cli("engines", "list", "-c", str(config)).stdout
     assert "current" in table and "previous" in table and "TensorRT-RTX" in table and "none (8.6)" in table
+    assert [line.split()[2] for line in table.splitlines()[1:4]] == ["current", "previous", "kept"]
+    assert "kept      another key (other settings, TensorRT or GPU), kept for a revert" in table
 
     shown = json.loads(engines_cli("engines", "show", "det", "--dir", str(out), "--json").stdout)
     assert (

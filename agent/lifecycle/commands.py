@@ -97,6 +97,30 @@ def run_check(cfg: AgentConfig, model: str | None, as_json: bool) -> int:
     return worst
 
 
+def configured_keys(cfg: AgentConfig) -> tuple[dict[str, tuple[str, bool]], list[str]]:
+    """({model: (the engine key its configuration asks for on this device, whether that stored engine fits
+    and so serves)}, why a model has none): what `engines list -c` marks current. Models ONNX Runtime
+    serves have no key. Reads only (the store is not created or marked)."""
+    keys: dict[str, tuple[str, bool]] = {}
+    notes: list[str] = []
+    store = EngineStore(cfg.engine_dir, check_writable=False)
+    for ctx in _selected(cfg, None):
+        try:
+            target = engine_target(ctx)
+            if not isinstance(target, EngineTarget):
+                notes.append(f"{ctx.name}: {target.note}")
+                continue
+            settings, _gate, why = resolved_settings(ctx, target.api)
+            if settings is None:
+                notes.append(f"{ctx.name}: {why}")
+                continue
+            result = check(store, ctx.name, settings, target.fingerprint)
+            keys[ctx.name] = (result.key, result.ok)
+        except (EngineError, ConfigError) as exc:
+            notes.append(f"{ctx.name}: {exc}")
+    return keys, notes
+
+
 class CameraFrames:
     """The CLI's frames for a job (no daemon pipeline here): captured from the cameras or the folder."""
 

@@ -19,7 +19,15 @@ from engines.store.paths import LOCK_NAME
 def cmd_list(args: argparse.Namespace) -> int:
     def body() -> int:
         store = open_store(args)
-        table, problems = rows(store, args.model)
+        configured = None
+        if getattr(args, "config", None):
+            from agent.config import load_config
+            from agent.lifecycle.commands import configured_keys
+
+            configured, notes = configured_keys(load_config(args.config))
+            for note in notes:
+                print(f"edge-agent engines list: {note}", file=sys.stderr)
+        table, problems = rows(store, args.model, configured)
         for p in problems:
             print(f"edge-agent engines list: skipped {p}", file=sys.stderr)
         if args.json:

@@ -71,16 +71,39 @@ def _row(
     }
 
 
-def rows(store: EngineStore, only: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(one row per plan: every key's current plan and its previous one; problems met on the way)."""
+# What a row is (STATES[state]): one key per model is current, and only where the configuration says so.
+STATES = {
+    "current": "the engine the model serves now (its configuration's key, fitting this device)",
+    "rebuild": "its configuration's key, which no longer fits this device (`edge-agent check` says why)",
+    "newest": "the model's most recent key (-c agent.yaml tells which key the model serves)",
+    "kept": "another key (other settings, TensorRT or GPU), kept for a revert",
+    "previous": "the plan a rebuild of that key replaced (`edge-agent engines rollback MODEL KEY`)",
+}
+
+
+def _state(key: str, newest: bool, configured: tuple[str, bool] | None, with_config: bool) -> str:
+    if configured is not None and configured[0] == key:
+        return "current" if configured[1] else "rebuild"
+    return "newest" if newest and not with_config else "kept"
+
+
+def rows(
+    store: EngineStore,
+    only: str | None = None,
+    configured: dict[str, tuple[str, bool]] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one row per plan: every key's plan and its previous one; problems met on the way). `configured`
+    (from -c: model -> (its configuration's key, fits)) decides the one current key; without it none is."""
     out: list[dict[str, Any]] = []
     problems: list[str] = []
     models = [model_in(store, only)] if only else store.models()
     for model in models:
         problems += store.problems(model)
+        mine = (configured or {}).get(model)
         for i, m in enumerate(store.entries(model)):
             assert m.key is not None and m.path is not None
-            out.append(_row(model, m.key, "current", m, store.plan_path_for(model, m), m.path, i == 0))
+            state = _state(m.key, i == 0, mine, configured is not None)
+            out.append(_row(model, m.key, state, m, store.plan_path_for(model, m), m.path, i == 0))
             prev = store.previous(model, m.key)
             if prev is not None:
                 out.append(_row(model, m.key, "previous", prev.manifest, prev.plan, prev.record, i == 0))
@@ -92,7 +115,7 @@ def render(table: list[dict[str, Any]]) -> str:
     lines = [
         (
             r["model"],
-            r["key"] + ("*" if r["newest_key"] and r["state"] == "current" else ""),
+            r["key"],
             r["state"],
             str(r["precision"]),
             trt({"trt_flavor": r["trt_flavor"], "trt_version": r["trt_version"]}),
@@ -106,10 +129,8 @@ def render(table: list[dict[str, Any]]) -> str:
     text = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [head, *lines]
     ]
-    return (
-        "\n".join(text)
-        + "\n* the model's newest engine (what `check` compares when the configured key has none)"
-    )
+    used = [s for s in STATES if any(r["state"] == s for r in table)]
+    return "\n".join(text + [""] + [f"{s:<8}  {STATES[s]}" for s in used])
 
 
 def describe(
