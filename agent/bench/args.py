@@ -13,7 +13,7 @@ from pipelines.models.registry import formats
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
 SECTIONS = ("stages", "overhead", "sweep")  # the default
-KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode")
+KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode", "deploy")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class BenchOptions:
     repeat: int = 1  # runs of each point (with --flap: rounds of the three variants, compared by medians)
     shards: int = 1  # sweep and decode: the streams split over this many processes (agent/bench/shards.py)
     gpus: list[int] | None = None  # shard k on GPU gpus[k % len] (CUDA_VISIBLE_DEVICES)
+    deploy_fps: float = 5.0  # deploy section: each of its two cameras' frame rate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -148,6 +149,12 @@ def _window_arguments(p: argparse.ArgumentParser) -> None:
         " pipeline.shards); the run sums them, CPU per frame over every process",
     )
     p.add_argument("--gpus", help="with --shards: GPU indices, shard k on the k-th modulo their count: 0,1")
+    p.add_argument(
+        "--deploy-fps",
+        type=float,
+        default=5.0,
+        help="deploy section: frames per second of each of its two cameras (agent/bench/deploy.py)",
+    )
     p.add_argument("--log-level", default="warning")
 
 
@@ -197,6 +204,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         repeat=args.repeat,
         shards=args.shards,
         gpus=gpus,
+        deploy_fps=args.deploy_fps,
     )
 
 
@@ -214,6 +222,8 @@ def _check(args: argparse.Namespace, sections: tuple[str, ...], engine: str) -> 
             raise ValueError(f"{flag}: expected a number {low}, got {value}")
     if args.fps == 0 and not _readers(args):
         raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
+    if not args.deploy_fps > 0:
+        raise ValueError(f"--deploy-fps: expected a number > 0, got {args.deploy_fps}")
     if args.shards < 1:
         raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
     if args.shards > 1 and args.flap:

@@ -108,9 +108,18 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             against_decode(report)
             if opts.flap:
                 report["isolation"] = isolation(report["runs"], opts)
+        if "deploy" in opts.sections:
+            from agent.bench.deploy import deploy_section  # starts mosquitto, nginx and the agent
+
+            ort.close()
+            report["deploy"] = deploy_section(opts)
     finally:
         ort.close()
     report["summary"] = summary(report)
+    if "deploy" in report:
+        from agent.bench.deploy import deploy_summary
+
+        report["summary"] = (report["summary"] + "\n" + deploy_summary(report["deploy"])).strip()
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     report["plot"] = plot(report, opts.out / "bench.png")
