@@ -11,7 +11,7 @@ import pytest
 
 import agent.lifecycle.model as model_module
 from agent.cli import demo_config
-from agent.daemon import local_device
+from agent.cli.daemon import local_device
 
 
 @pytest.mark.parametrize("postprocess", ["host", "graph"])

@@ -20,8 +20,8 @@ from fixtures_agent import bundled_model, wait_until
 from fixtures_mqtt import free_port
 from fixtures_notify import NotifySocket
 
+from agent.cli.daemon import local_device
 from agent.config import parse_config
-from agent.daemon import local_device
 from agent.device import Device
 from agent.runtime.local import LocalRuntime
 from agent.service.notify import Notifier, ServiceError, watchdog_interval

@@ -97,7 +97,7 @@ def test_same_gpu_model_everywhere_keeps_one_lifecycle(monkeypatch: pytest.Monke
 
 
 def test_engine_state_lists_each_gpu_models_plan(fake_nvml: None) -> None:
-    from agent.daemon import sharded_device
+    from agent.cli.daemon import sharded_device
 
     cfg = cfg_of([0, 1])
     agent = sharded_device(cfg, place(cfg))

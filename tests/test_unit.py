@@ -162,7 +162,7 @@ def test_install_service_stages_user_dirs_files_and_a_verifiable_unit(
 def test_installed_example_config_runs_the_bundled_model_as_shipped(
     tmp_path: Path, service_exe: Path
 ) -> None:
-    from agent.daemon import local_device
+    from agent.cli.daemon import local_device
 
     root = tmp_path / "root"
     Installer(root, "edge-agent", service_exe, say=lambda _l: None).run()

@@ -2,7 +2,7 @@
 
 main       main(): the exit codes (0 success, 1 check/gate failed, 2 usage or runtime error)
 parser     build_parser(): every group's subcommands
-serve      demo, run, check-config                    (agent.daemon, agent.shards, agent.preflight)
+serve      demo, run, check-config                    (agent.cli.daemon, agent.shards, agent.preflight)
 lifecycle  check, rebuild, calibrate, validate, profile (agent.lifecycle)
 install    install-service                            (agent.service.install)
 fleet      fleet status                               (agent.mqtt.fleet)

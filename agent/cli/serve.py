@@ -183,7 +183,7 @@ def _serve(
     console: Console,
     stop_unread: bool,
 ) -> int:
-    from agent.daemon import local_device, sharded_device  # heavy imports only for commands that run
+    from agent.cli.daemon import local_device, sharded_device  # heavy imports only for commands that run
     from agent.device import Device
     from agent.service.notify import Notifier, ServiceError
     from agent.shards.placement import place

@@ -1,6 +1,6 @@
-"""The daemon: a device (agent.device: the MQTT identity, main loop, reloads) over its runtime, the pipeline
-in this process (agent.runtime.local) or pipeline shards (agent.shards.sharded) when the placement has more
-than one."""
+"""The daemon that `run` and `demo` serve: a device (agent.device: the MQTT identity, main loop, reloads)
+over its runtime, the pipeline in this process (agent.runtime.local) or pipeline shards
+(agent.shards.sharded) when the placement has more than one."""
 
 from __future__ import annotations
 
