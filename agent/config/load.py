@@ -65,10 +65,10 @@ def _parse(
     files = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
     files = [line for line in files if "${" not in line]  # a path with an unset variable: reported above
     if problems or found or files:
-        # Only values the schema took (an unset variable's text): the config goes with the error so the
-        # caller can check its files and models too (every problem at once).
+        # Only values the schema took: with an unset variable (its text), the config goes with the error so
+        # the caller can check its files and models too (every problem at once).
         lines = [*problems, *placed(found, source, key_lines, used, taken), *files]
-        raise ConfigError(joined(lines, source), config=cfg)
+        raise ConfigError(joined(lines, source), config=cfg if found else None)
     return cfg
 
 
