@@ -35,7 +35,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
@@ -46,10 +46,8 @@ from agent.mqtt.intake import Intake, Watch
 from agent.mqtt.link import Link
 from agent.mqtt.outbox import Outbox
 from agent.mqtt.refusals import Refusals
+from agent.mqtt.settings import MqttSettings
 from agent.mqtt.topics import Topics, payload
-
-if TYPE_CHECKING:
-    from agent.config import MqttConfig
 
 log = logging.getLogger("agent.mqtt")
 
@@ -68,7 +66,7 @@ class MqttClient:
 
     def __init__(
         self,
-        cfg: MqttConfig,
+        cfg: MqttSettings,
         topics: Topics,
         *,
         birth: BirthProvider | None = None,
@@ -122,7 +120,7 @@ class MqttClient:
         link.paho.on_subscribe = self._refusals.on_subscribe
 
     @classmethod
-    def from_config(cls, cfg: MqttConfig, topics: Topics, **hooks: Any) -> MqttClient:
+    def from_config(cls, cfg: MqttSettings, topics: Topics, **hooks: Any) -> MqttClient:
         """The client for the validated `mqtt` section (the same as ``MqttClient(cfg, topics, **hooks)``)."""
         return cls(cfg, topics, **hooks)
 

@@ -17,16 +17,14 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from agent.mqtt.errors import MqttError
+from agent.mqtt.settings import MqttSettings
 from agent.mqtt.tls import TlsFileError, TlsOptions, client_context, describe_tls_failure
-
-if TYPE_CHECKING:
-    from agent.config import MqttConfig
 
 # One logger for the whole client (its name is what operators filter on), paho's below it.
 log = logging.getLogger("agent.mqtt")
@@ -105,7 +103,7 @@ class _Paho(paho.Client):
             raise _AttemptError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _make_paho(cfg: MqttConfig, client_id: str) -> _Paho:
+def _make_paho(cfg: MqttSettings, client_id: str) -> _Paho:
     if cfg.protocol == "5":
         # MQTT 5: the broker says why it refuses a publish or a subscription (reason codes), which
         # is how an ACL that is too tight gets reported instead of messages vanishing silently.
@@ -131,7 +129,7 @@ class Link:
 
     def __init__(
         self,
-        cfg: MqttConfig,
+        cfg: MqttSettings,
         client_id: str,
         *,
         quiet: bool,
