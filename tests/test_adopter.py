@@ -143,7 +143,8 @@ def test_an_engine_this_device_cannot_run_is_kept_not_rebuilt(rig: Rig) -> None:
     rig.adopter.adopt(rig.me, key)
     assert rig.swapped == [] and rig.rebuilds == []
     last = rig.states[-1]
-    assert last["state"] == "ready" and last["loaded"] is False and "OutOfMemory" in last["load_error"]
+    assert last["state"] == "fallback" and last["loaded"] is False and "OutOfMemory" in last["load_error"]
+    assert last["backend"] == "onnxruntime" and "cannot run on this device" in last["reasons"][0]
     assert rig.refused_at_load(key) is None
 
 

@@ -67,17 +67,26 @@ telemetry: {{interval_s: 5}}
     sub = mqtt_subscribe(mqtt_broker.port, "edge-agent/eng/#")
     agent = start_agent(config)
 
-    # 1. No engine: ONNX Runtime serves while the child process builds, then the engine is ready.
-    msgs = wait(
-        sub, lambda m: any(s["state"] == "ready" for s in engine_states(m)), 60, agent, "engine ready"
-    )
-    ready = next(s for s in engine_states(msgs) if s["state"] == "ready")
+    # 1. No engine: ONNX Runtime serves while the child process builds, then the engine is built. No GPU
+    # here: it cannot run, so the state says what serves (issue 36.2): `fallback`, ONNX Runtime, fp32, why.
+    def built(m: list[Message]) -> list[dict]:
+        return [s for s in engine_states(m) if s["state"] == "fallback" and s.get("plan_sha256")]
+
+    msgs = wait(sub, built, 60, agent, "engine built")
+    assert not any(s["state"] == "ready" for s in engine_states(msgs)), engine_states(msgs)
+    ready = built(msgs)[0]
     assert ready["key"] and ready["build_s"] > 0 and ready["plan_sha256"]
     assert ready["fingerprint"]["trt_flavor"] == "tensorrt_rtx"
-    # No GPU here: the engine is built but cannot run; ONNX Runtime keeps serving, and says why.
     assert ready["loaded"] is False and "no CUDA GPU" in ready["load_error"]
-    assert ready["backend"] == "onnxruntime"
+    assert (ready["backend"], ready["precision"]) == ("onnxruntime", "fp32"), ready
+    assert "cannot run on this device" in ready["reasons"][0] and ready["key"] in ready["reasons"][0]
     assert any(s["state"] == "building" for s in engine_states(msgs))
+    # Everywhere: the telemetry (Prometheus' backend_info) and `fleet status` name ONNX Runtime.
+    tele = wait(sub, lambda m: bool(decoded(m, "/telemetry")), 15, agent, "telemetry")
+    assert decoded(tele, "/telemetry")[-1]["backend"] == {"detector": "onnxruntime"}
+    fleet = run_cli("fleet", "status", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(mqtt_broker.port))
+    assert fleet.returncode == 0 and "onnxruntime" in fleet.stdout, fleet.stdout + fleet.stderr
+    assert "TensorRT-RTX" not in fleet.stdout, fleet.stdout
     assert "ONNX Runtime serves (fallback)" in agent.text()
     plan = tmp_path / "engines" / "detector" / f"{ready['key']}-{ready['plan_sha256'][:12]}.plan"
     assert plan.stat().st_size > 1_000_000
@@ -107,7 +116,7 @@ telemetry: {{interval_s: 5}}
         "daemon picking up the CLI-built engine",
     )
     picked = [s for s in engine_states(msgs[n_before:]) if s.get("plan_sha256") != ready["plan_sha256"]][-1]
-    assert picked["state"] == "ready" and picked["key"] == ready["key"]
+    assert picked["state"] == "fallback" and picked["key"] == ready["key"]
 
     # 3. A second rebuild without --force has nothing to do and says so.
     cli = run_cli("rebuild", "-c", str(config), timeout=120)
@@ -127,7 +136,7 @@ telemetry: {{interval_s: 5}}
     wait(
         sub,
         lambda m: (
-            [s["state"] for s in engine_states(m[n_before:])][-1:] == ["ready"]
+            [s["state"] for s in engine_states(m[n_before:])][-1:] == ["fallback"]
             and any(s["state"] == "building" for s in engine_states(m[n_before:]))
         ),
         60,
@@ -136,7 +145,7 @@ telemetry: {{interval_s: 5}}
     )
 
     # 5. A build that fails (ONNX truncated on disk) reports why; ONNX Runtime keeps serving.
-    last = [s for s in engine_states(sub.snapshot()) if s["state"] == "ready"][-1]
+    last = [s for s in engine_states(sub.snapshot()) if s["state"] == "fallback"][-1]
     plan = tmp_path / "engines" / "detector" / f"{last['key']}-{last['plan_sha256'][:12]}.plan"
     onnx.write_bytes(onnx.read_bytes()[:4096])
     n_before = len(sub.snapshot())

@@ -294,7 +294,8 @@ def test_plan_refused_again_after_its_rebuild_fails_without_a_loop(
 def test_cannot_run_here_is_not_a_refused_plan(
     daemon: Daemon, why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Today's behaviour stays: `ready`, `loaded: false` with the reason, no rebuild, nothing recorded."""
+    """`fallback` (ONNX Runtime serves: issue 36.2), `loaded: false` with the reason, no rebuild, nothing
+    recorded."""
     if why == "no GPU":
         daemon.fp = gpu_fp(daemon.api, gpu=None)
         target = EngineTarget(daemon.api, daemon.fp)
@@ -307,8 +308,9 @@ def test_cannot_run_here_is_not_a_refused_plan(
     store_engine(daemon.store, MODEL, daemon.ctx.build_settings("fp32"), daemon.fp)
     daemon.open().close()
     daemon.manager.start()  # type: ignore[union-attr]
-    daemon.settle("ready", jobs=0)
-    assert daemon.sequence == ["checking", "ready"] and daemon.last["loaded"] is False
+    daemon.settle("fallback", jobs=0)
+    assert daemon.sequence == ["checking", "fallback"] and daemon.last["loaded"] is False
+    assert (daemon.last["backend"], daemon.last["precision"]) == ("onnxruntime", "fp32"), daemon.last
     assert ("no CUDA GPU" if why == "no GPU" else "OutOfMemory") in daemon.last["load_error"]
     assert "refused_at_load" not in daemon.manifest()
 

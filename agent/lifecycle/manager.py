@@ -4,6 +4,7 @@ Per model, one state machine (the retained MQTT engine state, DESIGN.md):
 
     checking --fits, loads--> ready
     checking --no fitting engine / not validated / plan refused--> fallback --job starts--> building
+    checking | building --built, cannot run on this device--> fallback (ONNX Runtime serves; no job)
     checking --plan refused in a row before (on record)--> failed
     ready | failed | fallback --rebuild--> building --job ok--> ready   (--job failed--> failed)
     building | ready | failed --plan refused at load--> building (rebuild)   (--refused again--> failed)
@@ -13,7 +14,8 @@ ONNX Runtime does. A job (agent.lifecycle.job) runs in a child process; before i
 the gate (and INT8) needs are taken from the model's running pipeline (FrameTap), never from a second
 camera session. A finished engine is loaded and warmed up here; only then is it handed to the model's
 worker, which switches at the top of its next batch. On a machine that can build but not run the engine
-(TensorRT-RTX without a supported GPU) the state is `ready` with `loaded: false` and the reason.
+(TensorRT-RTX without a supported GPU) the state says what serves: `fallback`, ONNX Runtime's backend and
+precision, `loaded: false` and the reason (the engine is kept, not rebuilt).
 A plan TensorRT itself refuses at load (PlanRefusedError: a TensorRT patch the fingerprint missed) is
 recorded as such in its manifest (build.refused_at_load: `edge-agent check` and the next start say
 "rebuild") and rebuilt once, forced; a rebuilt plan refused again leaves the model `failed`, on ONNX
@@ -308,9 +310,11 @@ class EngineManager:
         if me is None:
             return ""
         with me.lock:
-            state, progress = me.state.state, me.state.progress
+            state, progress, load_error = me.state.state, me.state.progress, me.state.load_error
         if state == "building" and progress is not None and progress.total:
             return f"building engine: {progress.phase} {progress.step}/{progress.total}"
+        if state == "fallback" and load_error:  # built, but this device cannot run it
+            return "engine cannot run here, ONNX Runtime serves"
         return "building engine" if state == "building" else ("engine failed" if state == "failed" else "")
 
     def close(self) -> None:

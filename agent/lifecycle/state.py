@@ -31,10 +31,11 @@ StatePublisher = Callable[[str, dict[str, Any]], None]  # (model, payload): the 
 TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({"checking"}),
     "checking": frozenset({"ready", "fallback", "failed"}),  # failed: its plan was refused in a row
-    "fallback": frozenset({"building"}),
-    "building": frozenset({"building", "ready", "failed"}),
-    "ready": frozenset({"building", "ready"}),
-    "failed": frozenset({"building", "ready"}),
+    "fallback": frozenset({"building", "ready"}),  # ready: an engine another process built, adopted
+    # fallback: an engine built but that this device cannot run; ONNX Runtime serves (issue 36.2).
+    "building": frozenset({"building", "ready", "failed", "fallback"}),
+    "ready": frozenset({"building", "ready", "fallback"}),
+    "failed": frozenset({"building", "ready", "fallback"}),
 }
 
 

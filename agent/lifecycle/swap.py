@@ -6,7 +6,8 @@
 The worker switches at the top of its next batch; on any failure the current backend stays. A plan
 TensorRT itself refuses at load (PlanRefusedError) is recorded in its manifest (build.refused_at_load)
 and rebuilt once, forced (`rebuild`); refused again, the model is `failed` until an operator asks for a
-rebuild. A plan this device cannot run (no GPU, CUDA, memory) is kept, `ready` with `loaded: false`.
+rebuild. A plan this device cannot run (no GPU, CUDA, memory) is kept, not rebuilt; the state says what
+serves instead: `fallback` with ONNX Runtime's backend and precision, `loaded: false` and the reason.
 The supervisor of shards serves nothing: its Announcer only says which engine is ready.
 """
 
@@ -84,7 +85,11 @@ class Adopter:
         if engine is not None:
             self.set_loaded(me, engine, key, reasons=[])
             return engine
-        return open_ort(me.ctx)  # a fitting engine this device cannot run: load() published why
+        # A fitting engine this device cannot run (load() published `fallback` and why): the state names
+        # the ONNX Runtime backend that serves instead, and its precision.
+        ort = open_ort(me.ctx)
+        self._board.set(me, backend=ort.name, precision=ort.precision)
+        return ort
 
     def adopt(self, me: ModelEngine, key: str) -> None:
         """Load engine `key`, warm it up and hand it to the worker; on failure the current backend stays.
@@ -145,21 +150,37 @@ class Adopter:
             with me.lock:
                 me.refusals = 0  # the row of refused plans is broken
             log.warning("model %s: engine %s is built but cannot be loaded here: %s", me.name, key, exc)
-            precision = manifest.build.precision if manifest else None
-            self._board.set(
-                me,
-                state="ready",
-                key=key,
-                plan_sha256=plan_sha,
-                loaded=False,
-                load_error=str(exc),
-                precision=precision,
-            )
+            self._cannot_run(me, key, plan_sha, manifest.build.precision if manifest else None, exc)
             return None
         with me.lock:
             me.refusals = 0
         self._board.set(me, plan_sha256=plan_sha, load_error=None)
         return engine
+
+    def _cannot_run(
+        self, me: ModelEngine, key: str, plan_sha: str | None, built: str | None, exc: BackendError
+    ) -> None:
+        """Engine ``key`` (``built``: its precision) is kept but cannot run here. The state says what serves
+        instead (issue 36.2): an engine loaded before stays `ready` with its own key and precision;
+        otherwise ONNX Runtime serves, `fallback`, with its backend and precision (the caller's, or those
+        the state already names) and the reason."""
+        with me.lock:
+            engine_serves = me.state.loaded is True  # the engine loaded before (a rebuild's ends here)
+        if engine_serves:
+            self._board.set(me, state="ready", load_error=str(exc), progress=None)
+            return
+        what = f"engine {key}" + (f" ({built})" if built else "")
+        self._board.set(
+            me,
+            state="fallback",
+            backend=me.state.backend or "onnxruntime",
+            precision=me.state.precision or "fp32",
+            reasons=[f"{what} is built but cannot run on this device: {exc}"],
+            key=key,
+            plan_sha256=plan_sha,
+            loaded=False,
+            load_error=str(exc),
+        )
 
     def _plan_refused(
         self,

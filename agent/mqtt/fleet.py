@@ -252,8 +252,11 @@ def _show(value: int | None) -> str:
 
 
 def _runtime(engine: Mapping[str, Any]) -> str:
+    """What serves the model: the engine's TensorRT (flavour and version) while one is loaded, else the
+    backend the state names (an engine built but not loaded, in fallback, does not serve: issue 36.2)."""
     fp = engine.get("fingerprint")
-    if isinstance(fp, dict) and fp.get("trt_version") is not None:
+    serving = engine.get("loaded") is not False and engine.get("state") != "fallback"
+    if serving and isinstance(fp, dict) and fp.get("trt_version") is not None:
         flavor = "TensorRT-RTX" if fp.get("trt_flavor") == "tensorrt_rtx" else "TensorRT"
         return f"{flavor} {_word(fp.get('trt_version'))}"
     backend = engine.get("backend")
