@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.config.reload import ReloadPlan, keep_until_restart, plan_reload
+from agent.homeassistant.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt import MqttClient, MqttError
 from agent.mqtt.commands import (
     Answer,
@@ -29,7 +30,6 @@ from agent.mqtt.commands import (
     ReloadRequest,
     SnapshotRequest,
 )
-from agent.mqtt.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
 from agent.runtime.protocol import Mirror, Runtime, device_topics

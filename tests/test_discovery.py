@@ -1,4 +1,4 @@
-"""Home Assistant MQTT discovery (agent.mqtt.discovery), checked against Home Assistant's own rules.
+"""Home Assistant MQTT discovery (agent.homeassistant), checked against Home Assistant's own rules.
 
 Home Assistant is not installed here; what it requires is encoded below, from its source
 (home-assistant/core, paths under homeassistant/components/ unless noted):
@@ -65,7 +65,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import AgentConfig, ConfigError, parse_config
-from agent.mqtt.discovery import (
+from agent.homeassistant.discovery import (
     config_topics,
     discovery_messages,
     node_filter,
@@ -73,7 +73,7 @@ from agent.mqtt.discovery import (
     removed_topics,
     stale_topics,
 )
-from agent.mqtt.ha_templates import AVAILABILITY_TEMPLATE, count_template, detected_template
+from agent.homeassistant.templates import AVAILABILITY_TEMPLATE, count_template, detected_template
 from agent.mqtt.topics import Topics, payload
 from agent.results import detection_fields
 from pipelines.frames import Detections, Frame
@@ -758,7 +758,7 @@ def test_start_clears_configs_left_from_a_previous_run(
 AGENT = """
 import json, sys, time
 from agent.config import parse_config
-from agent.mqtt.discovery import discovery_messages
+from agent.homeassistant.discovery import discovery_messages
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics, payload
 

@@ -26,7 +26,7 @@ class TelemetryConfig(StrictModel):
 
 
 class HomeAssistantConfig(StrictModel):
-    """Home Assistant MQTT discovery (agent.mqtt.discovery): retained entity configs under its prefix."""
+    """Home Assistant MQTT discovery (agent.homeassistant): retained entity configs under its prefix."""
 
     enabled: bool = False
     discovery_prefix: str = "homeassistant"  # HA's default; must match HA's MQTT discovery prefix

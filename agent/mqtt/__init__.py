@@ -1,5 +1,5 @@
 """MQTT: the daemon's client (connection, offline queue, refusals, duplicates, command intake), the topic
-contract, command validation, Home Assistant discovery, the fleet tool and TLS settings.
+contract, command validation, the fleet tool and TLS settings.
 
 Callers import the client from here: ``from agent.mqtt import MqttClient, MqttError``.
 """

@@ -4,7 +4,7 @@ A rule declares the region it works on (zone or line), the event types it emits,
 state columns (pipelines.state.StateTable) and where the event's own fields go. Everything downstream
 follows from the registry: the events code publishes every rule's transitions through one path
 (agent.events), the event types counted in telemetry and Prometheus are ``event_types()``, Home Assistant
-discovery adds the entities a zone rule declares (agent.mqtt.discovery).
+discovery adds the entities a zone rule declares (agent.homeassistant).
 
 Two rules are built in and run by the compiled steps (pipelines/kernels/regions.pyx) or their numpy
 reference: zone occupancy (pipelines.zones: ``zone_enter``, ``zone_leave``) and line crossing

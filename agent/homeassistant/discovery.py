@@ -33,7 +33,8 @@ Per enabled camera (one HA device per agent, named ``edge-agent <device_id>``):
 
 Every entity is unavailable while the status topic says ``offline`` (graceful stop or the broker's last
 will after a crash), available for any other state (online, degraded, rebuilding: the agent runs).
-Validation rules are HA's, see tests/test_discovery.py; the value templates are in agent.mqtt.ha_templates.
+Validation rules are HA's, see tests/test_discovery.py; the value templates are in
+agent.homeassistant.templates.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import AgentConfig
-from agent.mqtt.ha_templates import (
+from agent.homeassistant.templates import (
     AVAILABILITY_TEMPLATE,
     FPS_TEMPLATE,
     LATENCY_TEMPLATE,
