@@ -215,6 +215,7 @@ class FaultState:
     drip_s: float = 1.0
     drip_for_s: float = 5.0  # then the drip closes (a client without a stall rule fails, not hangs)
     fail_times: int = 2  # /flaky answers 500 this many times, then serves
+    slow_bps: int = 1 << 20  # /slow serves the payload (from the Range start) at about this rate
     seen: list[Seen] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -301,6 +302,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._serve(cut=size // 2 if n == 1 else None, honour_range=False)
         elif mode == "wrong-start":  # first answer drops; the 206 after it starts 10 bytes early
             self._serve(cut=size // 2) if n == 1 else self._serve(start_shift=-10 if n == 2 else 0)
+        elif mode == "slow":  # the whole payload, Range honoured, at slow_bps: a download to interrupt
+            self._slow()
         elif mode == "drip":
             self._drip()
         elif mode == "drip-headers":  # a status line, then one header byte at a time
@@ -312,6 +315,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._head(302, 0, extra={"Location": target})
         else:
             self._head(400, 0)
+
+    def _slow(self) -> None:
+        st = self.server.state
+        start = self._range_start()
+        body = st.payload[start:]
+        self._head(206 if start else 200, len(body), start, len(st.payload))
+        step = max(st.slow_bps // 20, 1)  # 20 writes a second
+        for i in range(0, len(body), step):
+            if st.stopping.wait(0.05):
+                return
+            try:
+                self.wfile.write(body[i : i + step])
+                self.wfile.flush()
+            except OSError:  # the client went away (killed, cancelled)
+                return
+        self.close_connection = True
 
     def _drip(self, head: bool = False) -> None:
         st = self.server.state
