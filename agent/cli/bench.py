@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agent.logs import setup_logging
+from agent.service.logs import setup_logging
 
 
 def add_parsers(sub: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from agent.cli.argtypes import LOG_LEVELS, seconds, whole
 from agent.config import AgentConfig, load_config
-from agent.logs import setup_logging
+from agent.service.logs import setup_logging
 from engines.precision import REQUESTABLE
 
 

@@ -16,7 +16,7 @@ from agent.cli.argtypes import LOG_LEVELS, port
 from agent.cli.stdout import READER_LEFT, Console
 from agent.config import AgentConfig, ConfigError, load_config, parse_config
 from agent.config.summary import counted
-from agent.logs import setup_logging
+from agent.service.logs import setup_logging
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
 DEMO_MODEL = ASSETS / "nanodet-m-416.onnx"

@@ -4,6 +4,7 @@
 - camera:    CameraEvents, one per camera with tracking on: the events of its tracks, zones and lines
 - regions:   the retained zone and line states
 - snapshots: best-detection crops of tracks, sent as JPEG after a track's end
+- pictures:  annotated frames and JPEG encoding (these crops, and cmd/snapshot's annotated last frame)
 - publisher: where it all goes (Publisher) and the event types
 """
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agent import snapshot
 from agent.config import EventsConfig
+from agent.events import pictures
 from pipelines.analytics import Analysis
 from pipelines.frames import Frame, host_image
 from pipelines.tracking import BEST_BOX
@@ -58,7 +58,7 @@ class TrackSnapshots:
         return True
 
     def jpeg(self, row: int, quality: int) -> bytes:
-        return snapshot.jpeg(self.crops[row], quality)
+        return pictures.jpeg(self.crops[row], quality)
 
     def drop(self, rows: np.ndarray) -> None:
         crops = self.crops

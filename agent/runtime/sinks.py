@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agent import snapshot
+from agent.events import pictures
 from agent.lifecycle.calibration import FrameTap
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandError
@@ -166,10 +166,10 @@ class ResultSinks:
     def _publish_snapshot(self, result: Result) -> int:
         cam = self._cameras.get(result.frame.camera)
         quality = cam.cfg.snapshot.quality if cam is not None else 80
-        image = snapshot.annotate(
+        image = pictures.annotate(
             host_image(result.frame.image), result.detections, self._labels.get(result.model, [])
         )
-        data = snapshot.jpeg(image, quality)
+        data = pictures.jpeg(image, quality)
         client = self._out.mqtt
         if client is not None and client.connected:  # never queued offline: JPEGs would fill memory
             client.publish(self._out.topics.snapshot(result.frame.camera), data, qos=0, kind="event")

@@ -3,6 +3,7 @@
 notify      sd_notify (READY, STATUS, WATCHDOG, EXTEND_TIMEOUT) and the watchdog interval
 supervisor  decides READY, WATCHDOG pings and STATUS from the daemon's progress snapshots
 journal     journald logging with CAMERA= / MODEL= fields
+logs        logging set-up for every entry point: journald under systemd, else one line per record
 signals     SIGTERM / SIGINT / SIGHUP into the main loop, no lock taken inside a handler
 install     `edge-agent install-service`: service user, /etc/edge-agent, the systemd unit
 """

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.config import AgentConfig
-from agent.logs import setup_logging
+from agent.service.logs import setup_logging
 from agent.shards.link import ShardLink, ShardOutlet
 from agent.shards.protocol import (
     Answer,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from agent.cli.engines.store import reported
 from agent.cli.engines.table import mb, size_of
-from agent.logs import setup_logging
+from agent.service.logs import setup_logging
 
 if TYPE_CHECKING:
     from agent.lifecycle.standalone import StandaloneBuild, StandaloneResult
