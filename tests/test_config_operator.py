@@ -278,3 +278,11 @@ def test_camera_defaults_are_bounded_as_aliases_are(tmp_path: Path) -> None:
     defaults = f"camera_defaults:\n  model: det\n  zones: {{{zones}}}\n"
     text = BASE.replace("cameras:\n", defaults + "cameras:\n" + many)
     assert refused(tmp_path, text) == ["camera_defaults: too many values once merged into 101 cameras"]
+
+
+def test_a_new_display_name_renames_without_touching_the_camera_or_its_counts(tmp_path: Path) -> None:
+    zone = "    zones: {door: {name: Tür, polygon: [[0, 0], [1, 0], [1, 1]]}}\n"
+    old = BASE.replace("    model: det\n", "    model: det\n    name: Tor\n" + zone)
+    new = old.replace("name: Tor", "name: Tor Nord").replace("name: Tür", "name: Haustür")
+    p = _plan(old, new, tmp_path)
+    assert p.cameras_live == ["gate"] and not (p.cameras_analytics or p.cameras_restarted), p

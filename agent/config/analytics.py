@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, field_validator
 
+from agent.config.impact import Impact
 from agent.config.names import display_name_problem
 from agent.config.strict import StrictModel, raise_problem
 from pipelines.regions import polygon_problem, segment_problem
@@ -56,7 +57,9 @@ def normalised_problem(points: list[Point]) -> str | None:
 
 class ZoneConfig(StrictModel):
     polygon: list[Point]
-    name: str | None = None  # shown in Home Assistant (any text); the key stays the id in topics
+    # Shown in Home Assistant (any text); the key stays the id in topics. A change renames the entities
+    # (discovery is published again after a reload) and leaves the counts alone.
+    name: Annotated[str | None, Impact.LIVE] = None
     units: Literal["normalized", "pixels"] = "normalized"
     labels: list[str] | None = None  # counted labels (default: every class the camera reports)
     anchor: Anchor = "bottom_center"  # the point of a box that must be inside
@@ -91,7 +94,9 @@ class ZoneConfig(StrictModel):
 class LineConfig(StrictModel):
     # A -> B; crossing from its left to its right (as seen on the picture) counts as "in".
     points: list[Point]
-    name: str | None = None  # shown in Home Assistant (any text); the key stays the id in topics
+    # Shown in Home Assistant (any text); the key stays the id in topics. A change renames the entities
+    # (discovery is published again after a reload) and leaves the counts alone.
+    name: Annotated[str | None, Impact.LIVE] = None
     units: Literal["normalized", "pixels"] = "normalized"
     labels: list[str] | None = None
     anchor: Anchor = "bottom_center"
