@@ -13,6 +13,7 @@ same agent (versions bench-1, bench-2, ...).
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -94,6 +95,7 @@ def _document(www: Path, port: int, version: str, opts: BenchOptions, key: Path)
 
 
 def _one(listener: Listener, agent: Agent, doc: bytes, version: str, opts: BenchOptions) -> dict[str, Any]:
+    load_before = [round(x, 2) for x in os.getloadavg()]  # a machine shared with other work says so here
     t0 = time.monotonic()
     time.sleep(opts.duration_s)
     before = listener.count(t0, time.monotonic())
@@ -125,6 +127,8 @@ def _one(listener: Listener, agent: Agent, doc: bytes, version: str, opts: Bench
         "frames_before_per_s": round(rate_before, 2),
         "frames_during_per_s": round(rate_during, 2),
         "frames_during_pct_of_before": round(100.0 * rate_during / max(rate_before, 1e-6), 1),
+        "load_avg_before": load_before,
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "frames_by_camera_before": before,
         "frames_by_camera_during": during,
         "checks": end.get("checks"),
@@ -182,6 +186,6 @@ def deploy_summary(section: dict[str, Any]) -> str:
         lines.append(
             f"deploy {r['version']}: {r['stage']} in {r['command_to_serving_s']:.1f} s ({shares}); frames "
             f"during {r['frames_during_pct_of_before']:.1f}% of before ({r['frames_during_per_s']:.1f} vs "
-            f"{r['frames_before_per_s']:.1f}/s)"
+            f"{r['frames_before_per_s']:.1f}/s; load average {r['load_avg_before'][0]:g} before)"
         )
     return "\n".join(lines)
