@@ -286,3 +286,11 @@ def test_a_new_display_name_renames_without_touching_the_camera_or_its_counts(tm
     new = old.replace("name: Tor", "name: Tor Nord").replace("name: Tür", "name: Haustür")
     p = _plan(old, new, tmp_path)
     assert p.cameras_live == ["gate"] and not (p.cameras_analytics or p.cameras_restarted), p
+
+
+def test_an_unset_variable_in_camera_defaults_is_named_once(tmp_path: Path) -> None:
+    text = cameras().replace("max_lost_s: 3", "max_lost_s: \"${LOST}\"")
+    assert refused(tmp_path, text) == [
+        "camera_defaults.tracking.max_lost_s: environment variable LOST is not set (line 11)"
+    ]
+    assert load_config(write(tmp_path, text), env={"LOST": "4"}).cameras["yard"].tracking.max_lost_s == 4

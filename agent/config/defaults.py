@@ -47,6 +47,11 @@ def _count(value: Any) -> int:
     return 1
 
 
+def _taken(loc: tuple[Any, ...], taken: dict[str, str]) -> bool:
+    """Whether the value at `loc` came from camera_defaults (it, or a section around it, was merged in)."""
+    return any(".".join(map(str, loc[:n])) in taken for n in range(len(loc), 2, -1))
+
+
 def _merge(default: Any, own: Any, at: str, taken: dict[str, str], rel: str) -> Any:
     """`own` with what `default` adds; `taken`: camera key path -> its camera_defaults key path."""
     if not isinstance(own, dict) or not isinstance(default, dict):
@@ -91,6 +96,6 @@ values. `failed` (unset variables) grows by the cameras'
     for name, cam in cameras.items():
         out[name] = _merge(merged_from, cam, f"cameras.{name}", taken, "camera_defaults")
         for loc in list(failed):
-            if loc[:1] == ("camera_defaults",) and f"cameras.{name}." + ".".join(map(str, loc[1:])) in taken:
+            if loc[:1] == ("camera_defaults",) and _taken(("cameras", name, *loc[1:]), taken):
                 failed.append(("cameras", name, *loc[1:]))
     return {**data, "cameras": out}, taken, problems
