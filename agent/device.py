@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.config.reload import ReloadPlan, keep_until_restart, plan_reload
+from agent.device_deploy import DeviceDeployments
 from agent.homeassistant.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt import MqttClient, MqttError
 from agent.mqtt.commands import (
@@ -67,7 +68,7 @@ class Device(Generic[R]):
         self._stop = threading.Event()
         # SIGTERM/SIGINT/SIGHUP only set flags there; the main loop (run_forever) stops or reloads.
         self._signals = SignalInbox()
-        self._reload_lock = threading.Lock()
+        self._reload_lock = self.reload_lock = threading.Lock()  # reloads and a deployment's hot swap
         self.last_reload: dict | None = None  # outcome of the last reload, in the status payload
         self.reload_note = ""  # the last reload's failure, kept in STATUS until a reload succeeds
         self.notifier = notifier or Notifier()
@@ -76,6 +77,7 @@ class Device(Generic[R]):
         self.commands.register("rebuild", self._cmd_rebuild)
         self.commands.register("reload", self._cmd_reload)
         self.commands.register("snapshot", self._cmd_snapshot)
+        self.deployments = DeviceDeployments(self)  # cmd/deploy, cmd/rollback, deployments/{model}
         self.topics = device_topics(cfg)
         self.mqtt: MqttClient | None = None
         self.metrics = Metrics()
@@ -86,6 +88,7 @@ class Device(Generic[R]):
     def start(self) -> None:
         self._signals.install()  # first: a SIGHUP or SIGTERM during start-up must not kill the process
         self.mqtt = self._make_mqtt(self.cfg, self.topics)
+        self.deployments.start()  # the deployed versions the runtime serves in place of the config's
         self.runtime.open()  # a broken model is a start-up error, before anything is announced
         self.commands.start()
         if self.mqtt is not None:
@@ -102,6 +105,7 @@ class Device(Generic[R]):
     def stop(self) -> None:
         self._stop.set()
         self.supervisor.stopping()
+        self.deployments.close()  # a pending deployment keeps its record: the next start settles it
         self.runtime.stop()  # its cameras say `stopped` through the client, still connected
         self.commands.stop()
         if self.mqtt is not None:
@@ -223,6 +227,7 @@ class Device(Generic[R]):
             answer=self._publish_answer,
         )
         client.watch(node_filter(cfg), self._on_discovery_config)
+        self.deployments.watch(client, topics)
         for region_filter in topics.regions_filter():
             client.watch(region_filter, self._on_region_state)
         return client
@@ -330,7 +335,8 @@ class Device(Generic[R]):
 
     def _apply(self, new: AgentConfig, plan: ReloadPlan) -> str:
         """plan -> runtime.prepare -> commit (or rollback when this device cannot follow)."""
-        prepared = self.runtime.prepare(new, plan)  # a failure leaves everything as it was
+        # Deployed versions stay on top of the new sections (agent.device_deploy); a failure changes nothing.
+        prepared = self.runtime.prepare(self.deployments.overlay(new), plan)
         topics = device_topics(new)
         try:
             client = self._make_mqtt(new, topics) if plan.mqtt else None  # not started: nothing to undo
@@ -350,3 +356,4 @@ class Device(Generic[R]):
             return prepared.commit(switch)
         finally:
             self._publish_discovery(old)  # after every reload: cameras, labels or the section itself changed
+            self.deployments.reloaded(old)  # states of removed models deleted

@@ -110,6 +110,7 @@ class ModelWorker:
         self._gpu = gpu_preprocess
         self._gpu_refused_by: Backend | None = None  # the backend we last said cannot take device input
         self._on_error = on_error
+        self.errors = 0
         # Held while results go to the sinks: remove_camera waits for it, so none follows its return.
         self._deliver_lock = threading.RLock()
         self._stop = threading.Event()
@@ -388,6 +389,7 @@ class ModelWorker:
     def _report(self, exc: BaseException) -> None:
         log.error("model %s: batch failed", self.model, exc_info=exc)
         self._error_at = time.monotonic()
+        self.errors += 1  # counted since start (a deployment's watch rolls back when it grows)
         if self._on_error is not None:
             self._on_error(self.model, exc)
 

@@ -254,11 +254,12 @@ def telemetry(sub: Subscriber) -> list[dict[str, Any]]:
     return [json.loads(p) for t, p, _ in sub.snapshot() if t == f"{BASE}/telemetry"]
 
 
-def frames_processed(sub: Subscriber) -> list[tuple[float, int]]:
-    """(telemetry ts, frames processed by all cameras so far) per telemetry message: the cameras' cumulative
-    `frames_out` counters (agent.runtime.reports)."""
+def frame_counts(sub: Subscriber) -> list[tuple[float, int, int]]:
+    """(telemetry ts, frames read, frames processed) of all cameras together, per telemetry message so far:
+    the cameras' cumulative `frames_in` / `frames_out` counters (agent.runtime.reports)."""
     out = []
     for t in telemetry(sub):
-        cams = t.get("cameras") or {}
-        out.append((float(t.get("ts") or 0), sum(int(c.get("frames_out") or 0) for c in cams.values())))
+        cams = (t.get("cameras") or {}).values()
+        read = sum(int(c.get("frames_in") or 0) for c in cams)
+        out.append((float(t.get("ts") or 0), read, sum(int(c.get("frames_out") or 0) for c in cams)))
     return out

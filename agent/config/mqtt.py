@@ -66,7 +66,14 @@ class MqttConfig(StrictModel):
     reconnect_max_s: float = Field(4.0, gt=0, le=300)
     # MQTT commands this agent accepts (cmd/<action>); others are answered "disabled". (noqa: pydantic copies
     # a field's default; ruff cannot tell StrictModel is pydantic across modules.)
-    commands: list[Literal["rebuild", "reload", "snapshot"]] = ["rebuild", "reload", "snapshot"]  # noqa: RUF012
+    # deploy and rollback (agent.deploy) act only where deploy.enabled; leave them out to keep them off MQTT.
+    commands: list[Literal["rebuild", "reload", "snapshot", "deploy", "rollback"]] = [  # noqa: RUF012
+        "rebuild",
+        "reload",
+        "snapshot",
+        "deploy",
+        "rollback",
+    ]
     # Fleet groups: the agent also takes commands on {prefix}/_group/<name>/cmd/+ (and always {prefix}/_all).
     groups: list[str] = Field(default_factory=list, max_length=32)
     # Also take {prefix}/_any/cmd/+ and {prefix}/_group/<g>/any/cmd/+ through MQTT shared subscriptions

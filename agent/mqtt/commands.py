@@ -24,7 +24,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from engines.precision import REQUESTABLE
 
@@ -57,17 +67,49 @@ class SnapshotRequest(CommandRequest):
     camera: Annotated[str, Field(pattern=_NAME)]
 
 
+class DeployRequest(CommandRequest):
+    """cmd/deploy: the payload is a deployment document. Only request_id is checked here; the document
+    itself is checked, strictly (a key given twice included), from the payload's bytes (`raw`) by
+    agent.deploy.document, and refused there naming its field."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    _raw: bytes = PrivateAttr(b"")
+
+    @model_validator(mode="after")
+    def _keep_raw(self, info: ValidationInfo) -> DeployRequest:
+        self._raw = (info.context or {}).get("raw", b"")
+        return self
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
+
+class RollbackRequest(CommandRequest):
+    """cmd/rollback {model, to?}: serve the previous version (or `to`) of a deployed model now."""
+
+    model: Annotated[str, Field(pattern=_NAME)]
+    to: Annotated[str, Field(pattern=_NAME)] | None = None
+
+
 REQUESTS: dict[str, type[CommandRequest]] = {
     "rebuild": RebuildRequest,
     "reload": ReloadRequest,
     "snapshot": SnapshotRequest,
+    "deploy": DeployRequest,
+    "rollback": RollbackRequest,
 }
 
 Handler = Callable[[Any], "Mapping[str, Any] | None"]
 
 
 class CommandError(Exception):
-    """A request that was valid but cannot be done (unknown model, camera without a frame, ...)."""
+    """A request that was valid but cannot be done (unknown model, camera without a frame, ...);
+    `fields` go into the answer beside the error (a deployment's refusal: field, stage, model)."""
+
+    def __init__(self, message: str, fields: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.fields = dict(fields or {})
 
 
 @dataclass(frozen=True)
@@ -285,7 +327,7 @@ class CommandRouter:
         if self._enabled is not None and action not in self._enabled:
             return self._reject(action, _valid_id(data), f"action {action!r} is disabled (mqtt.commands)")
         try:
-            request = model.model_validate(data)
+            request = model.model_validate(data, context={"raw": raw})
         except ValidationError as exc:
             return self._reject(action, _valid_id(data), _field_error(exc))
         handler = self._handlers.get(action)
@@ -294,7 +336,7 @@ class CommandRouter:
         try:
             fields = handler(request) or {}
         except CommandError as exc:
-            return self._reject(action, request.request_id, str(exc))
+            return self._reject(action, request.request_id, str(exc), fields=exc.fields)
         except Exception as exc:  # a bug in a handler: its traceback helps; the caller still gets an answer
             self._count("failed")
             log.exception("command %s failed", action)
@@ -303,14 +345,21 @@ class CommandRouter:
         log.info("command %s accepted", action)
         return Answer(action, True, None, request.request_id, dict(fields))
 
-    def _reject(self, action: str, request_id: Any, error: str, readable: bool = True) -> Answer | None:
+    def _reject(
+        self,
+        action: str,
+        request_id: Any,
+        error: str,
+        readable: bool = True,
+        fields: Mapping[str, Any] | None = None,
+    ) -> Answer | None:
         if not readable and not self._may_answer():
             self._count("dropped")
             self._log(logging.WARNING, "dropped", "MQTT commands dropped: unreadable payloads over the limit")
             return None
         self._count("rejected")
         self._log(logging.WARNING, f"rejected-{action}", f"command {action} rejected: {error}")
-        return Answer(action, False, error, request_id, {})
+        return Answer(action, False, error, request_id, dict(fields or {}))
 
 
 def _valid_id(data: Mapping[str, Any]) -> str | int | None:

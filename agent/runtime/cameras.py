@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,10 @@ class CameraRuntime:
     fps_out: RateCounter = field(default_factory=RateCounter)
     last_frame_in: int = 0
     last_capture_ts: float | None = None  # wall-clock capture time of the newest frame published
+    # Detections delivered since start and the ages (ms) of the last results at delivery: a deployment's
+    # watch reads them (agent.runtime.deploy_host).
+    detections_out: int = 0
+    ages_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     events: CameraEvents | None = None  # tracking, zones, lines and their events (tracking.enabled)
     # publish.detections on_change: what the last published detections held, and when (monotonic).
     last_signature: bytes | None = None

@@ -28,6 +28,7 @@ from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics
 from agent.runtime import reports
 from agent.runtime.cameras import CameraRuntime
+from agent.runtime.deploy_host import check_backend
 from agent.runtime.protocol import Outlet
 from agent.runtime.sinks import EventOut, ResultSinks
 from agent.runtime.transaction import ReloadTransaction
@@ -254,6 +255,46 @@ class LocalRuntime:
 
     def rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
         return bool(self.engines.rebuild(model, force=force, precision=precision))
+
+    # ---- deployed versions (agent.deploy through agent.runtime.deploy_host) ----------------------------
+    def serve_models(self, models: Mapping[str, ModelConfig]) -> None:
+        """Before open(): serve these model sections in place of the config's (deployed versions)."""
+        if models:
+            self.cfg = self.cfg.model_copy(update={"models": {**self.cfg.models, **models}})
+            self.engines.reconfigure(self.cfg)
+
+    def serve_model(self, name: str, mcfg: ModelConfig) -> None:
+        """Serve `mcfg` for the running model `name` (a deployed version, or back): reopened through the
+        engine lifecycle, checked with one inference, and handed to its worker, which switches backend and
+        adapter at the top of its next batch. Cameras, readers and slots stay; a labels file with other
+        names re-routes the class masks. A failure leaves the model serving what it served."""
+        new = self.cfg.model_copy(update={"models": {**self.cfg.models, name: mcfg}})
+        ctx = ModelContext.from_config(new, name)
+        labels = list(ctx.spec.labels)
+        old_me, old_labels = self.engines.detach(name), self.pipeline.labels[name]
+        backend = None
+        try:
+            backend = self.engines.open(name, new, ctx)
+            check_backend(name, mcfg, ctx, backend)
+            self.pipeline.labels[name] = labels
+            mine = {c: cam.cfg for c, cam in self.cameras.items() if cam.cfg.model == name}
+            for cam_name, cam_cfg in mine.items():
+                self.pipeline.check_camera(cam_name, cam_cfg, new)
+        except Exception:
+            self.pipeline.labels[name] = old_labels
+            if backend is not None:
+                backend.close()
+            self.engines.retire(self.engines.detach(name))
+            self.engines.attach(name, old_me)
+            raise
+        self.engines.retire(old_me)
+        self.workers[name].swap_backend(backend, ctx.spec.adapter())
+        if labels != old_labels:
+            for cam_name, cam_cfg in mine.items():
+                self.pipeline.reroute(cam_name, cam_cfg, new)
+        self.cfg = new
+        self.engines.reconfigure(new)
+        self.engines.start_pending()  # an engine to build for it (TensorRT targets), as at start
 
     # ---- reload: a checked config applied in place (agent.runtime.transaction) --------------------------
     def prepare(self, new: AgentConfig, plan: ReloadPlan) -> LocalReload:

@@ -63,7 +63,8 @@ def _camera_row(name: str, cam: CameraRuntime, worker: ModelWorker) -> dict[str,
         "state": cam.state,
         "fps_in": round(cam.fps_in.rate(), 2),
         "fps_out": round(cam.fps_out.rate(), 2),
-        "frames_out": cam.fps_out.total,  # processed since start (frames kept across a hot swap: a sum)
+        "frames_in": frames_in,  # read since start
+        "frames_out": cam.fps_out.total,  # processed since start (a hot swap of the model goes on counting)
         "dropped": route.slot.dropped if route else 0,
         "dropped_stale": route.stale if route else 0,  # older than models.M.max_age_ms
         "reconnects": cam.reader.reconnects,

@@ -142,6 +142,8 @@ class ResultSinks:
         if cam is not None:
             cam.fps_out.tick()
             cam.last_capture_ts = result.frame.ts_capture
+            cam.detections_out += len(result.detections)
+            cam.ages_ms.append((time.time() - result.frame.ts_capture) * 1000.0)
 
     def _console_line(self, result: Result) -> None:
         if self.console_on:
