@@ -21,6 +21,7 @@ from agent import __version__
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.config.reload import ReloadPlan, keep_until_restart, plan_reload
 from agent.device_deploy import DeviceDeployments
+from agent.health import agent_state
 from agent.homeassistant.discovery import discovery_messages, node_filter, removed_topics, stale_topics
 from agent.mqtt import MqttClient, MqttError
 from agent.mqtt.commands import (
@@ -64,6 +65,7 @@ class Device(Generic[R]):
         self.runtime = runtime
         self.config_path = Path(config_path) if config_path is not None else None
         self.started_at = time.time()
+        self._starting = False  # the last status published said `starting` (agent.health)
         self._quiet_mqtt = quiet_mqtt
         self._stop = threading.Event()
         # SIGTERM/SIGINT/SIGHUP only set flags there; the main loop (run_forever) stops or reloads.
@@ -156,8 +158,9 @@ class Device(Generic[R]):
         states = self.runtime.camera_states()
         total = self.runtime.cameras_total()
         up = sum(1 for s in states if s == "streaming")
-        ended = sum(1 for s in states if s == "ended")  # a file played once: no fault
-        state = "offline" if self._stop.is_set() else ("online" if up + ended == total else "degraded")
+        timeout = max((c.open_timeout_s for c in self.cfg.cameras.values() if c.enabled), default=0.0)
+        age = time.time() - self.started_at
+        state = agent_state(states, total, self._stop.is_set(), age, timeout)  # starting: not degraded yet
         fields = {
             "state": state,
             "version": __version__,
@@ -187,7 +190,9 @@ class Device(Generic[R]):
 
     def _publish_status(self) -> None:
         if self.mqtt is not None:
-            self.mqtt.publish_status(self.status_fields())
+            fields = self.status_fields()
+            self._starting = fields["state"] == "starting"  # its grace ends with no camera news: see below
+            self.mqtt.publish_status(fields)
         self.supervisor.set_extra(self._status_extra())
 
     # ---- telemetry -------------------------------------------------------------------------------------
@@ -197,6 +202,8 @@ class Device(Generic[R]):
 
     def publish_telemetry(self) -> None:
         """One telemetry payload: to Prometheus and, when connected to a broker, on the telemetry topic."""
+        if self._starting:
+            self._publish_status()  # `starting` is bounded (agent.health): degraded once its grace is over
         fields = self.telemetry_fields()
         configured = [name for name, cam in self.cfg.cameras.items() if cam.enabled]
         self.metrics.update(fields, cameras=configured)  # a removed camera's series go

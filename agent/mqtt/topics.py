@@ -124,9 +124,11 @@ class Topics:
         check_name(camera, "camera")
         return f"{self.base}/cameras/{camera}/tracks/{int(track_id)}/snapshot"
 
-    def regions_filter(self) -> tuple[str, str]:
-        """Subscription filters matching every zone and line state of this device (stale ones are cleared)."""
-        return f"{self.base}/cameras/+/zones/+", f"{self.base}/cameras/+/lines/+"
+    def regions_filter(self) -> tuple[str, str, str]:
+        """Subscription filters matching every zone, line and camera state of this device (stale ones, such
+        as those of a camera removed while the agent was stopped, are cleared)."""
+        cams = f"{self.base}/cameras/+"
+        return f"{cams}/zones/+", f"{cams}/lines/+", f"{cams}/state"
 
     def _named2(self, kind: str, camera: str, name: str, what: str) -> str:
         key = (f"{kind}/{camera}", name)

@@ -241,9 +241,10 @@ class LocalRuntime:
         self.engines.republish()
 
     def stale_region(self, topic: str, topics: Topics) -> bool:
-        if topic in self.pipeline.region_topics(topics):
+        live = self.pipeline.region_topics(topics) | {topics.camera_state(c) for c in self.cameras}
+        if topic in live:  # a camera state or zone/line state no camera owns: one removed while stopped
             return False
-        log.info("deleting stale zone/line state %s", topic)
+        log.info("deleting stale camera/zone/line state %s", topic)
         return True
 
     def snapshot(self, camera: str) -> dict[str, Any]:

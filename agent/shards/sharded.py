@@ -301,12 +301,14 @@ class ShardedRuntime:
     def stale_region(self, topic: str, topics: Topics) -> bool:
         live = set()
         for name, cam in self.cfg.cameras.items():
+            if cam.enabled:
+                live.add(topics.camera_state(name))
             if cam.enabled and cam.tracking.enabled:
                 live |= {topics.zone(name, z) for z in cam.zones}
                 live |= {topics.line(name, ln) for ln in cam.lines}
         if topic in live:
             return False
-        log.info("deleting stale zone/line state %s", topic)
+        log.info("deleting stale camera/zone/line state %s", topic)
         return True
 
     def snapshot(self, camera: str) -> dict[str, Any]:
