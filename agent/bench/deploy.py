@@ -131,7 +131,7 @@ def _one(listener: Listener, agent: Agent, doc: bytes, version: str, opts: Bench
         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "frames_by_camera_before": before,
         "frames_by_camera_during": during,
-        "checks": end.get("checks"),
+        "state": {k: v for k, v in end.items() if k != "t"},  # the retained deployments/{model} payload
     }
 
 
