@@ -12,8 +12,9 @@ slots (with tests/fake_tensorrt.py's execution context) run their whole control 
     FakeCudart(integrated=True)   # a Jetson: unified memory, mapped pinned memory serves the device
 
 Every call answers cuda-python's way: a tuple (error, *values), error 0 for success. Streams and events
-are handle objects as in cuda-python: `getPtr()` gives the address, `int()` warns (DeprecationWarning) as
-cuda-bindings 12.9.1 deprecates it.
+are handle objects as in cuda-python: `getPtr()` gives the address of the storage that holds the handle
+(as cuda-bindings does: the value is read from there), `int()` warns (DeprecationWarning) as cuda-bindings
+12.9.1 deprecates it.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class FakeHandle:
 
     def __init__(self, value: int) -> None:
         self._value = value
+        self._storage = ctypes.c_void_p(value)  # what cuda-bindings wraps: getPtr() is its address
 
     def getPtr(self) -> int:
-        return self._value
+        return ctypes.addressof(self._storage)
 
     def __int__(self) -> int:
         warnings.warn("int() of a cuda-python handle is deprecated; use getPtr()", DeprecationWarning, 2)
