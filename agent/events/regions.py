@@ -6,13 +6,16 @@ change; an empty retained message deletes one that is gone."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from agent.config import CameraConfig
+from agent.config import CameraConfig, ZoneConfig
 from agent.events.publisher import Publisher
 from agent.mqtt.topics import payload
 from pipelines.analytics import CameraAnalytics
+from pipelines.regions import RegionSpec
+from pipelines.rules import zone_params, zone_rules
 
 
 class RegionStates:
@@ -65,23 +68,15 @@ class RegionStates:
             if not force and self._published_zones.get(spec.name) == key:
                 continue
             self._published_zones[spec.name] = key
-            body = payload(
-                "zone",
-                camera=self.camera,
-                zone=spec.name,
-                occupied=total > 0,
-                count=total,
-                counts=counts,
-                **ruled,
-            )
+            body = zone_state(self.camera, spec.name, counts, ruled)
             self._out.publish(topics.zone(self.camera, spec.name), body, state=True, qos=1)
         for j, spec in enumerate(analytics.lines.specs):
-            total, by_label = self.line_counts(analytics, j)
-            key = f"{total}:{sorted(by_label.items())}".encode()
+            crossed, by_label = self.line_counts(analytics, j)
+            key = f"{crossed}:{sorted(by_label.items())}".encode()
             if not force and self._published_lines.get(spec.name) == key:
                 continue
             self._published_lines[spec.name] = key
-            body = payload("line", camera=self.camera, line=spec.name, counts=total, by_label=by_label)
+            body = line_state(self.camera, spec.name, crossed, by_label)
             self._out.publish(topics.line(self.camera, spec.name), body, state=True, qos=1)
 
     def gone(self, cam: CameraConfig) -> tuple[set[str], set[str]]:
@@ -100,3 +95,29 @@ class RegionStates:
 
     def delete_all(self) -> None:
         self.delete(list(self._published_zones), list(self._published_lines))
+
+
+def zone_state(camera: str, zone: str, counts: dict[str, int], ruled: dict[str, Any]) -> bytes:
+    """A zone's retained state: occupancy and counts by label, then the fields of its zone rules."""
+    total = sum(counts.values())
+    return payload(
+        "zone", camera=camera, zone=zone, occupied=total > 0, count=total, counts=counts, **ruled
+    )
+
+
+def line_state(camera: str, line: str, total: dict[str, int], by_label: dict[str, dict[str, int]]) -> bytes:
+    """A line's retained state: crossings by direction, and by label."""
+    return payload("line", camera=camera, line=line, counts=total, by_label=by_label)
+
+
+def fresh_zone_fields(zone: ZoneConfig | None) -> dict[str, Any]:
+    """What the zone rules on for `zone` report before anything happened (a fresh start's state; a dead
+    shard's zones are reset to it). None: a zone no longer configured, no rule fields."""
+    if zone is None:
+        return {}
+    spec = RegionSpec("zone", "", (), params=zone_params(zone))  # the rules read only their settings
+    out: dict[str, Any] = {}
+    for rule in zone_rules():
+        if rule.wanted([spec]):
+            out.update(rule([spec]).fields(0))
+    return out

@@ -9,7 +9,7 @@ route goes first (none of its results reaches a sink afterwards), then its reade
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,7 +51,10 @@ class Pipeline:
     ) -> None:
         self._on_camera_state = on_camera_state
         self._events_out = events_out
-        self._first_id = first_id  # where a camera's track ids start (a shard's restart: afresh)
+        self._first_id = first_id  # where a camera's track ids start (a shard's start: agent.shards.tracks)
+        # Per camera, where its next analytics' ids start: above every id it had in this process (removed and
+        # added again, tracking off and on) or where the shard supervisor says (raise_first_ids).
+        self._next_ids: dict[str, int] = {}
         self.labels: dict[str, list[str]] = {}
         self.workers: dict[str, ModelWorker] = {}
         self.cameras: dict[str, CameraRuntime] = {}
@@ -158,9 +161,11 @@ class Pipeline:
         if not cam.tracking.enabled:
             if events is not None:
                 events.close("reconfigured", clear=True)
+                self._ids_used(name, events)
             return None
         if events is None:
-            return CameraEvents(name, cam, labels, labels_src, self._events_out, first_id=self._first_id)
+            first = max(self._first_id, self._next_ids.get(name, 1))
+            return CameraEvents(name, cam, labels, labels_src, self._events_out, first_id=first)
         events.reconfigure(cam, labels, labels_src)
         return events
 
@@ -177,6 +182,18 @@ class Pipeline:
             cam.events.close("removed" if clear_state else "restarted", clear=clear_state)
             if not clear_state:
                 self._kept_events[name] = cam.events
+            else:
+                self._ids_used(name, cam.events)
+
+    def raise_first_ids(self, first_ids: Mapping[str, int]) -> None:
+        """Cameras' next analytics start their ids at least here (a shard's supervisor hands them over:
+        agent.shards.tracks.TrackEpochs); ids already used in this process stay above."""
+        for name, first in first_ids.items():
+            self._next_ids[name] = max(self._next_ids.get(name, 1), first)
+
+    def _ids_used(self, name: str, events: CameraEvents) -> None:
+        """A camera's analytics went: its next ones go on above its ids (DESIGN: never reused in a run)."""
+        self._next_ids[name] = max(self._next_ids.get(name, 1), events.analytics.tracker.next_id)
 
     def region_topics(self, topics: Topics) -> set[str]:
         """The zone and line state topics the cameras publish now."""

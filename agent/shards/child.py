@@ -120,12 +120,14 @@ class _Shard:
     def snapshot(self, camera: str) -> dict[str, Any]:
         return dict(self.runtime.snapshot(camera))
 
-    def apply_config(self, new: AgentConfig) -> str:
+    def apply_config(self, new: AgentConfig, first_ids: dict[str, int]) -> str:
         """A reload: the supervisor read, checked and placed the config; this applies this shard's part in
-        place (plan -> prepare -> commit, as a device does) and says what changed."""
+        place (plan -> prepare -> commit, as a device does) and says what changed. `first_ids`: where the
+        track ids of the cameras handed to this shard start (agent.shards.tracks)."""
         from agent.config.reload import plan_reload
 
         runtime, outlet = self.runtime, self.outlet
+        runtime.pipeline.raise_first_ids(first_ids)
         plan = plan_reload(runtime.cfg, new)
         prepared = runtime.prepare(new, plan)
         try:
@@ -170,7 +172,7 @@ class _Requests:
         self.agent, self.link, self.stop = agent, link, stop
         self.table: dict[type, Callable[[Any], None]] = {
             Snapshot: lambda m: self._answer(m.rid, "snapshot", lambda: agent.snapshot(m.camera)),
-            Reload: lambda m: self._answer(m.rid, "reload", lambda: agent.apply_config(m.part)),
+            Reload: lambda m: self._answer(m.rid, "reload", lambda: agent.apply_config(m.part, m.first_ids)),
             Tap: self._tap,
         }
 

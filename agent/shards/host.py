@@ -40,7 +40,7 @@ from agent.shards.protocol import (
     Tap,
     Up,
 )
-from agent.shards.tracks import first_id
+from agent.shards.tracks import TrackEpochs
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class ShardHost:
         level: str,
         events: ShardEvents,
         restart: RestartConfig,
+        epochs: TrackEpochs | None = None,
     ) -> None:
         self.index = index
         self.gpu = gpu
@@ -110,7 +111,8 @@ class ShardHost:
         self.state = "starting"  # starting | running | restarting | failed | stopped
         self.pid: int | None = None
         self.restarts = 0
-        self.starts = 0  # processes spawned: the n-th numbers its tracks from tracks.first_id(n)
+        self.starts = 0  # processes spawned: the first numbers its tracks from 1, a later one afresh
+        self._epochs = epochs or TrackEpochs()  # the supervisor's, shared by its shards
         self.started_at: float | None = None
         self.last_exit: str | None = None
         self.failure: str | None = None  # why its last start failed (the shard's own words), until it runs
@@ -146,7 +148,7 @@ class ShardHost:
         finally:
             theirs.close()  # ours alone: recv() ends (EOFError) when the child's end goes with its process
         conn = Connection(ours.detach())
-        assign = Assign(self.index, self.part, self._level, first_id(self.starts))
+        assign = Assign(self.index, self.part, self._level, self._epochs.start(self.starts))
         self.starts += 1  # a start that died at once used its ids too: never handed out again
         with contextlib.suppress(OSError):  # it died at once: _life reads EOF, reaps it and says why
             conn.send(assign)
@@ -239,8 +241,10 @@ class ShardHost:
     def snapshot(self, camera: str, timeout: float) -> tuple[bool, Any]:
         return self.request(lambda rid: Snapshot(rid, camera), timeout)
 
-    def reload(self, part: AgentConfig, timeout: float) -> tuple[bool, Any]:
-        return self.request(lambda rid: Reload(rid, part), timeout)
+    def reload(
+        self, part: AgentConfig, timeout: float, first_ids: dict[str, int] | None = None
+    ) -> tuple[bool, Any]:
+        return self.request(lambda rid: Reload(rid, part, first_ids or {}), timeout)
 
     def request(self, make: Callable[[int], Down], timeout: float) -> tuple[bool, Any]:
         """Ask the shard (`make(rid)`: the request); (ok, body or error). Never raises: a gone shard is an

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.config import AgentConfig
+from agent.events.publisher import EVENT_TYPES
 from agent.mqtt import MqttClient
 from agent.runtime.protocol import Mirror, device_topics
 from agent.runtime.reports import CameraState
@@ -25,8 +26,9 @@ from agent.shards.protocol import (
 )
 from engines.precision import Precision
 
-# The events whose copies the supervisor keeps, to close a dead shard's tracks (agent.shards.tracks).
-MIRRORED = frozenset(("new", "update", "end", "zone_enter", "zone_leave"))
+# The events whose copies the supervisor keeps, to close a dead shard's tracks (agent.shards.tracks): the
+# object events and every rule's (pipelines.rules: a new rule's events are mirrored with no change here).
+MIRRORED = frozenset(EVENT_TYPES)
 
 
 class ShardLink:

@@ -10,7 +10,7 @@ Request ids (`rid`) pair a `Snapshot`, `Reload` or `Tap` with its `Answer` (a ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import AgentConfig
@@ -44,8 +44,12 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Reload:
+    """The shard's new part; `first_ids`: where the track ids of the cameras handed to it start (added,
+    moved here, back after a removal: agent.shards.tracks.TrackEpochs)."""
+
     rid: int
     part: AgentConfig
+    first_ids: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

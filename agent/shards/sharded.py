@@ -49,7 +49,7 @@ from agent.shards.protocol import (
     TrackEvent,
     Up,
 )
-from agent.shards.tracks import OpenTracks
+from agent.shards.tracks import OpenTracks, TrackEpochs
 from agent.telemetry import StageWindow
 from engines.precision import Precision
 
@@ -96,6 +96,7 @@ class ShardedRuntime:
         self.stages = StageWindow(capacity=2048 * self.plan.count)
         self.cameras: dict[str, CameraState] = {}  # as the shards report them
         self._open = [OpenTracks() for _ in range(self.plan.count)]  # what each shard left open
+        self.epochs = TrackEpochs()  # where track ids start, for every start and hand-over of this run
         self.shard_engines = ShardEngines(self, cfg)
         self._on_message: dict[type, Callable[[int, Any], None]] = {
             ProgressReport: self._on_progress,
@@ -113,7 +114,13 @@ class ShardedRuntime:
 
     def _host(self, k: int) -> ShardHost:
         return ShardHost(
-            k, self.plan.gpus[k], part_of(self.cfg, self.plan, k), self.level, self, self.cfg.pipeline.restart
+            k,
+            self.plan.gpus[k],
+            part_of(self.cfg, self.plan, k),
+            self.level,
+            self,
+            self.cfg.pipeline.restart,
+            epochs=self.epochs,
         )
 
     @property
@@ -215,7 +222,7 @@ class ShardedRuntime:
                     last, state="reconnecting", fps_in=0.0, fps_out=0.0, last_error=reason
                 )
             down = {cam: self.cameras[cam] for cam in cams}
-        events, regions = self._open[k].close()
+        events, regions = self._open[k].close(cfg=self.cfg)
         client = self.mqtt
         if client is not None:
             # Its own client is gone: the supervisor says what happened to its cameras, and closes what it
@@ -357,10 +364,13 @@ class ShardedReload:
         rt.cfg, rt.plan = new, placement
         errors = []
         for host in rt.hosts:
+            had = set(host.part.cameras)
             host.part = part_of(new, placement, host.index)
             if host.state != "running":
-                continue  # it starts with its new part
-            ok, body = host.reload(host.part, RELOAD_S)
+                continue  # it starts with its new part (a later start: ids afresh)
+            handed = [c for c in host.part.cameras if c not in had]  # added, moved here, back again
+            first = rt.epochs.fresh() if handed else 0
+            ok, body = host.reload(host.part, RELOAD_S, dict.fromkeys(handed, first))
             if not ok:
                 errors.append(f"shard {host.index}: {body}")
         with rt._lock:

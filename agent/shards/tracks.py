@@ -3,31 +3,57 @@ they are in, the retained zone and line states. When the shard dies these are cl
 so the events contract holds across the death (docs/DESIGN.md): every `new` gets its `end`, every
 `zone_enter` its `zone_leave` (reason "shard_died"), and the zone and line states go to zero.
 
-Track ids of a restarted shard do not repeat: the n-th start of a shard numbers its tracks from
-``first_id(n)`` (agent.shards.host hands it over in protocol.Assign).
+Track ids never repeat in a run (``TrackEpochs``): every shard's first start numbers its cameras' tracks
+from 1, as one process does; each later start of a shard, and each hand-over of cameras to a shard by a
+reload (added, moved from another shard, back after a removal), numbers them from a fresh epoch
+``first_id(n)`` that no start or hand-over had before (agent.shards.host hands it over in protocol.Assign
+and protocol.Reload). Within a process a camera's ids go on above its own (agent.runtime.wiring).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.config import AgentConfig, ZoneConfig
+from agent.events.regions import fresh_zone_fields, line_state, zone_state
 from agent.mqtt.topics import payload
 
 log = logging.getLogger(__name__)
 
-ID_EPOCH = 1 << 32  # ids per camera per shard start; float64 tables keep ids exact for 2**21 starts
+ID_EPOCH = 1 << 32  # ids per camera per epoch; float64 tables keep ids exact for 2**21 epochs
 DIED = "shard_died"  # the `reason` of the events the supervisor closes a dead shard's tracks with
 
 _OBJECT = ("type", "track_id", "label", "class_id", "first_seen", "last_seen", "score", "box", "best")
 
 
-def first_id(start: int) -> int:
-    """The first track id of a shard's `start`-th start (0: its first; ids from 1 as in one process)."""
-    return start * ID_EPOCH + 1
+def first_id(epoch: int) -> int:
+    """The first track id of an epoch (0: a shard's first start; ids from 1 as in one process)."""
+    return epoch * ID_EPOCH + 1
+
+
+class TrackEpochs:
+    """The epochs of one supervisor's run (see the module docstring): epoch 0 for each shard's first start
+    (a camera is on one shard then), then 1, 2, ... once each, for later starts and hand-overs. Thread-safe:
+    host threads start shards, the main thread reloads."""
+
+    def __init__(self) -> None:
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def start(self, starts: int) -> int:
+        """The first track id of a shard's start after `starts` earlier ones."""
+        return first_id(0) if starts == 0 else self.fresh()
+
+    def fresh(self) -> int:
+        """The first track id of an epoch never handed out before."""
+        with self._lock:
+            epoch, self._next = self._next, self._next + 1
+        return first_id(epoch)
 
 
 @dataclass
@@ -72,10 +98,13 @@ class OpenTracks:
         except ValueError:
             log.warning("unreadable zone/line state copy on %s", topic)
 
-    def close(self, now: float | None = None) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    def close(
+        self, now: float | None = None, cfg: AgentConfig | None = None
+    ) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
         """The events (camera, event payload) and retained states (topic, payload) that close what the
         dead shard left open: per camera its zone leaves, then its tracks' ends; then every zone and line
-        state at zero. Empties the table."""
+        state at zero, as a fresh start publishes it (the fields of the zone rules `cfg` turns on for the
+        zone too). Empties the table."""
         now = time.time() if now is None else now
         events: list[tuple[str, bytes]] = []
         for camera, cam in sorted(self._cams.items()):
@@ -87,7 +116,7 @@ class OpenTracks:
                 events.append((camera, _event(camera, now, _leave(enter, now, occupancy[zone]))))
             for tid, last in sorted(cam.tracks.items()):
                 events.append((camera, _event(camera, now, _end(last, now, cam.entered.get(tid, [])))))
-        states = [(topic, _zeroed(fields)) for topic, fields in sorted(self._regions.items())]
+        states = [(topic, _zeroed(fields, cfg)) for topic, fields in sorted(self._regions.items())]
         self._cams.clear()
         self._regions.clear()
         return events, [(t, b) for t, b in states if b is not None]
@@ -131,21 +160,20 @@ def _end(last: dict[str, Any], now: float, entered: list[str]) -> dict[str, Any]
     }
 
 
-def _zeroed(fields: dict[str, Any]) -> bytes | None:
-    """A zone or line state with nothing inside and nothing counted (its labels kept, at zero)."""
+def _zeroed(fields: dict[str, Any], cfg: AgentConfig | None) -> bytes | None:
+    """A zone or line state with nothing inside and nothing counted (its labels kept, at zero), built as
+    the events code builds it (agent.events.regions)."""
     schema = fields.get("schema")
     if schema == "edge-agent/zone/1":
         counts = {label: 0 for label in fields.get("counts") or {}}
-        return payload(
-            "zone", camera=fields["camera"], zone=fields["zone"], occupied=False, count=0, counts=counts
-        )
+        zone = _zone(cfg, fields["camera"], fields["zone"])
+        return zone_state(fields["camera"], fields["zone"], counts, fresh_zone_fields(zone))
     if schema == "edge-agent/line/1":
         by_label = {label: {"in": 0, "out": 0} for label in fields.get("by_label") or {}}
-        return payload(
-            "line",
-            camera=fields["camera"],
-            line=fields["line"],
-            counts={"in": 0, "out": 0},
-            by_label=by_label,
-        )
+        return line_state(fields["camera"], fields["line"], {"in": 0, "out": 0}, by_label)
     return None
+
+
+def _zone(cfg: AgentConfig | None, camera: str, zone: str) -> ZoneConfig | None:
+    cam = cfg.cameras.get(camera) if cfg is not None else None
+    return cam.zones.get(zone) if cam is not None else None
