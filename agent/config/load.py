@@ -68,7 +68,8 @@ def _parse(
         # Only values the schema took: with an unset variable (its text), the config goes with the error so
         # the caller can check its files and models too (every problem at once).
         lines = [*problems, *placed(found, source, key_lines, used, taken), *files]
-        raise ConfigError(joined(lines, source), config=cfg if found else None)
+        unset = bool(found) and all(line.endswith(" is not set") for line in found)
+        raise ConfigError(joined(lines, source), config=cfg if unset else None)
     return cfg
 
 
