@@ -166,3 +166,16 @@ def test_the_announcer_says_ready_and_loads_nothing(rig: Rig) -> None:
     assert last["state"] == "ready" and last["backend"] == "tensorrt" and last["key"] == key
     assert last["precision"] == "fp32" and "loaded" not in last
     assert rig.api.mod.refuse_loads == 1 and rig.swapped == []
+
+
+def test_the_announcer_without_a_gpu_says_onnx_runtime_serves(rig: Rig) -> None:
+    """Issue 36.2 for the supervisor of shards: an engine no shard can run here is `fallback`, what serves
+    (ONNX Runtime, fp32) and why; never `ready` with TensorRT."""
+    key = rig.built()
+    rig.me.target = EngineTarget(rig.api, gpu_fp(rig.api, gpu=None))
+    announcer = Announcer(lambda: rig.store, rig.board)
+    for say in (announcer.adopt, announcer.fitting):
+        say(rig.me, key)
+        last = rig.states[-1]
+        assert (last["state"], last["backend"], last["precision"]) == ("fallback", "onnxruntime", "fp32")
+        assert last["loaded"] is False and "no CUDA GPU" in last["reasons"][0] and last["key"] == key

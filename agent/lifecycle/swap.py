@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.roles import Delegate
-from agent.lifecycle.serving import open_ort, warm_up
+from agent.lifecycle.serving import engine_runs_here, open_ort, warm_up
 from agent.lifecycle.state import ModelEngine, StateBoard
 from engines.build.compat import refusal_record
 from engines.errors import EngineError
@@ -59,6 +59,9 @@ class Announcer:
         return None
 
     def fitting(self, me: ModelEngine, key: str) -> Backend | None:
+        if not engine_runs_here(me.target.fingerprint):
+            self.adopt(me, key)  # the fallback, said as adopt says it
+            return None
         self._board.set(me, state="ready", backend="tensorrt", key=key, reasons=[])
         return None
 
@@ -66,6 +69,11 @@ class Announcer:
         manifest = self._store().manifest(me.name, key)
         sha = manifest.build.plan_sha256 if manifest else None
         precision = manifest.build.precision if manifest else None
+        if not engine_runs_here(me.target.fingerprint):
+            # No GPU: the shards cannot load it either; ONNX Runtime serves there (issue 36.2).
+            why = "no CUDA GPU is visible"
+            self._board.set(me, **fallback_fields(key, precision, why), plan_sha256=sha)
+            return
         self._board.set(me, state="ready", backend="tensorrt", key=key, plan_sha256=sha, precision=precision)
 
 
@@ -169,18 +177,8 @@ class Adopter:
         if engine_serves:
             self._board.set(me, state="ready", load_error=str(exc), progress=None)
             return
-        what = f"engine {key}" + (f" ({built})" if built else "")
-        self._board.set(
-            me,
-            state="fallback",
-            backend=me.state.backend or "onnxruntime",
-            precision=me.state.precision or "fp32",
-            reasons=[f"{what} is built but cannot run on this device: {exc}"],
-            key=key,
-            plan_sha256=plan_sha,
-            loaded=False,
-            load_error=str(exc),
-        )
+        fields = fallback_fields(key, built, str(exc), me.state.backend, me.state.precision)
+        self._board.set(me, **fields, plan_sha256=plan_sha)
 
     def _plan_refused(
         self,
@@ -224,6 +222,24 @@ class Adopter:
             return
         if written is None:
             log.info("model %s: engine %s was rebuilt meanwhile; the refusal is not recorded", me.name, key)
+
+
+def fallback_fields(
+    key: str, built: str | None, error: str, backend: str | None = None, precision: str | None = None
+) -> dict[str, Any]:
+    """The engine state of a built engine ``key`` (``built``: its precision) that cannot run on this
+    device: `fallback`, what serves instead (``backend``, ``precision``: ONNX Runtime's by default), not
+    loaded, and why."""
+    what = f"engine {key}" + (f" ({built})" if built else "")
+    return {
+        "state": "fallback",
+        "backend": backend or "onnxruntime",
+        "precision": precision or "fp32",
+        "reasons": [f"{what} is built but cannot run on this device: {error}"],
+        "key": key,
+        "loaded": False,
+        "load_error": error,
+    }
 
 
 def refused_reason(exc: PlanRefusedError) -> str:
