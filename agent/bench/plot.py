@@ -25,6 +25,8 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     panels = [p for p in (_throughput, _latency) if runs] or [_stages, _overhead]
     panels = [p for p in panels if p is not _stages or "stages_ms" in report]
     panels = [p for p in panels if p is not _overhead or "overhead_ms" in report]
+    if (report.get("deploy") or {}).get("runs"):
+        panels.append(_deploy)
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
@@ -98,3 +100,22 @@ def _overhead(ax: Any, report: dict[str, Any]) -> None:
     ax.set_xticks(list(x), res)
     ax.set_title("Agent overhead per frame, inference replayed (red: target)")
     ax.legend()
+
+
+def _deploy(ax: Any, report: dict[str, Any]) -> None:
+    """Command to serving per run: the seconds of each stage stacked, frames processed meanwhile."""
+    runs = report["deploy"]["runs"]
+    stages = [k for k in ("downloading", "verifying", "building", "gating", "shadow") if any(
+        k in r["stage_s"] for r in runs)]
+    for y, r in enumerate(runs):
+        left = 0.0
+        for i, k in enumerate(stages):
+            w = r["stage_s"].get(k, 0.0)
+            ax.barh(y, w, left=left, color=f"C{i}", label=k if y == 0 else None)
+            left += w
+        ax.text(left, y, f" {r['frames_during_pct_of_before']:.0f}% frames", va="center", fontsize="small")
+    ax.set_yticks(list(range(len(runs))), [r["version"] for r in runs])
+    ax.set_xlabel("seconds from cmd/deploy (shadow includes the promotion)")
+    ax.margins(x=0.25)  # room for the frames label
+    ax.set_title("Deployment: command to serving")
+    ax.legend(fontsize="small")
