@@ -50,7 +50,8 @@ Modules, by job: paths (names and where files lie), reading (manifests, plans, p
 cleanup (the lock, stale files, pruning), commit (EngineStore: write, rollback, manifest rewrites);
 lock (the build lock) and fsutil (crash-safe writes) under them; marker (what is a store: commands given
 any folder refuse one that is not). Housekeeping deletes only what the store's naming owns: plans of a key
-with a manifest or previous record, or named by a fingerprint key; never someone's `important.plan`.
+with a manifest or previous record, named by a fingerprint key, or named by their own content hash; never
+someone's `important.plan`.
 """
 
 from engines.store.commit import EngineStore

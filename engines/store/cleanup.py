@@ -10,8 +10,19 @@ from pathlib import Path
 from engines.errors import StoreError
 from engines.store.fsutil import TMP_MARK, fsync_dir, remove_stale_temps
 from engines.store.lock import BuildLock
-from engines.store.paths import FINGERPRINT_KEY_RE, LOCK_NAME, os_reason
+from engines.store.paths import FINGERPRINT_KEY_RE, LOCK_NAME, PLAN_RE, os_reason, sha256_file
 from engines.store.reading import StoreReader
+
+
+def _named_by_content(plan: Path) -> bool:
+    """`{key}-{sha256[:12]}.plan` whose bytes hash to that name: written by EngineStore.write."""
+    match = PLAN_RE.match(plan.name)
+    if not match or not match["hash"]:
+        return False
+    try:
+        return sha256_file(plan).startswith(match["hash"])
+    except OSError:
+        return False
 
 
 class StoreCleanup(StoreReader):
@@ -64,13 +75,14 @@ class StoreCleanup(StoreReader):
         return temps + [r.path for r in dangling] + orphans
 
     def _orphan_candidates(self, model: str) -> list[tuple[Path, str]]:
-        """Plan files the store owns: of a key with a manifest or previous record, or named by a
-        fingerprint key. Anything else (someone's `important.plan`) is never the store's to delete."""
+        """Plan files the store owns: of a key with a manifest or previous record, named by a fingerprint
+        key, or named `{key}-{hash}.plan` by their own content's sha256. Anything else (someone's
+        `important.plan`) is never the store's to delete."""
         known = set(self.keys(model)) | {r.key for r in self._records(model)}
         return [
             (p, key)
             for p, key in self._plan_files(model)
-            if key in known or FINGERPRINT_KEY_RE.match(key)
+            if key in known or FINGERPRINT_KEY_RE.match(key) or _named_by_content(p)
         ]
 
     def _remove_dangling(self, model: str) -> list[Path]:

@@ -18,7 +18,8 @@ PLAN_HASH_LEN = 12
 # `{key}-{hash}.plan` or a legacy `{key}.plan` (never a dot-file: temp files start with ".").
 PLAN_RE = re.compile(rf"^(?P<key>[^.].*?)(?:-(?P<hash>[0-9a-f]{{{PLAN_HASH_LEN}}}))?\.plan$")
 # The keys the builder names engines by (engines.build.compat: sha256 hex[:KEY_LEN]): a plan without a
-# manifest is the store's to delete only when its key is one of these or has a manifest or record.
+# manifest is the store's to delete only when its key is one of these, has a manifest or record, or its
+# name carries its own content hash (engines.store.cleanup).
 FINGERPRINT_KEY_RE = re.compile(r"^[0-9a-f]{16}$")
 PREVIOUS_SUFFIX = ".prev"
 # `{key}-{hash}.prev`: the manifest of a kept previous plan of `key`.
