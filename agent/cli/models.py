@@ -14,16 +14,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.cli import model_versions
 from agent.config import load_config
 
 
 def add_parsers(sub: Any) -> None:
-    m = sub.add_parser("models", help="deployment documents: sign, verify (the model versions of a device)")
+    m = sub.add_parser(
+        "models",
+        help="deployment documents (sign, verify) and the model versions of a device (deploy, list, show, "
+        "rollback)",
+    )
     m_sub = m.add_subparsers(dest="models_command", required=True)
     _add_sign(m_sub)
     _add_verify(m_sub)
-    # Issue 37's later sub-commands go here, one `_add_<name>(m_sub)` each with its `cmd_models_<name>`
-    # below (or in a module of its own): deploy FILE, list, show MODEL [VERSION], rollback MODEL [--to V].
+    model_versions.add_parsers(m_sub)  # deploy FILE, list, show MODEL, rollback MODEL [--to V]
 
 
 # ---- sign -------------------------------------------------------------------------------------------------

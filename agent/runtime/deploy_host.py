@@ -188,6 +188,10 @@ class LocalDeployHost:
         return out
 
     def publish_state(self, model: str, payload: bytes) -> None:
+        # A deployment's worker (agent.deploy.manager names it deploy-MODEL) publishes its first stage before
+        # it downloads, hashes and verifies: from there on it yields the CPU to the serving pipeline.
+        if threading.current_thread().name.startswith("deploy-"):
+            yield_cpu()
         self._publish(model, payload)
 
 
