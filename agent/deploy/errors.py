@@ -44,5 +44,10 @@ class DownloadError(DeployError):
         self.retryable = retryable
 
 
+class DeviceFault(DeployError):
+    """The device let a deployment down (its disk, a lost file, the hot swap), not the candidate: the
+    deployment ends `failed`, never `rejected`."""
+
+
 class VerifyError(DeployError):
     """A downloaded artifact is not what the document says, or not a model the format adapter can serve."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from agent.config import ModelConfig
 from agent.deploy.download import DownloadCancelled, FetchPolicy, fetch
-from agent.deploy.errors import DeployError, DownloadError
+from agent.deploy.errors import DeployError, DeviceFault, DownloadError
 from agent.deploy.gate import Side, run_gate
 from agent.deploy.job import Env, Job
 from agent.deploy.shadow import run_shadow
@@ -55,7 +55,7 @@ class Cancelled(Exception):
     """The job's cancel event was set (superseded, or the agent stops)."""
 
 
-class Failed(DeployError):
+class Failed(DeviceFault):
     """A fault, not a verdict on the candidate: the deployment ends `failed`."""
 
 
@@ -94,7 +94,7 @@ class Run:
             self.promote_and_watch(own, cand_cfg)
         except Cancelled:
             self.cancelled()
-        except Failed as exc:
+        except DeviceFault as exc:  # Failed, or the record that could not be written
             self.end(FAILED, exc.reason)
         except DownloadError as exc:
             self.end(FAILED if exc.retryable else REJECTED, exc.reason)

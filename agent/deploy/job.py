@@ -13,10 +13,10 @@ from typing import Any
 
 from agent.config.deploy import DeployConfig
 from agent.deploy.document import DeploymentDoc
-from agent.deploy.errors import DeployError
+from agent.deploy.errors import DeployError, DeviceFault
 from agent.deploy.host import DeployHost
 from agent.deploy.staging import atomic_write_json, check_name, read_json
-from agent.deploy.state import DeploymentState
+from agent.deploy.state import FINAL, DeploymentState
 from agent.deploy.versions import VersionStore
 
 log = logging.getLogger("agent.deploy")
@@ -98,5 +98,10 @@ class Env:
     def move(self, job: Job, stage: str, reason: str | None = None, progress: float = 0.0) -> None:
         """A stage change: state, journal line, record, retained state."""
         job.state.move(stage, reason, progress)
-        self.save(job)
+        try:
+            self.save(job)
+        except DeployError as exc:  # a full disk, say: the device's fault, said on the state topic anyway
+            if stage not in FINAL:
+                raise DeviceFault(exc.reason) from None
+            log.warning("deployment %s %s: %s", job.model, job.version, exc.reason)
         self.publish(job.state)
