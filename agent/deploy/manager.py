@@ -16,6 +16,7 @@ download; any other interrupted stage ends `failed: interrupted` and the previou
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -23,7 +24,7 @@ from typing import Any
 
 from agent.config import ModelConfig
 from agent.config.deploy import DeployConfig
-from agent.deploy.document import document_digest, parse_document
+from agent.deploy.document import NAME_RE, document_digest, parse_document
 from agent.deploy.errors import DeployError
 from agent.deploy.flow import Run
 from agent.deploy.host import DeployHost
@@ -83,7 +84,11 @@ class Deployer:
         try:
             doc, body = parse_document(raw, "deploy")
         except DeployError as exc:
-            log.warning("deployment refused: %s", exc.reason)
+            named = self._named(raw)
+            if named is None:  # no model of the config to show it on: the answer alone says it
+                log.warning("deployment refused: %s", exc.reason)
+            else:
+                self._refused_state(*named, exc.reason, request_id)
             return refused(exc.reason, exc.field, request_id=request_id)
         rid = request_id if request_id is not None else doc.request_id
         if self.host.model_config(doc.model) is None:
@@ -140,10 +145,23 @@ class Deployer:
         self.jobs[job.model] = job
         job.thread.start()
 
-    def _refused_state(self, model: str, version: str, reason: str, rid: str | int | None) -> None:
+    def _named(self, raw: bytes | dict[str, Any]) -> tuple[str, str | None] | None:
+        """(model, version or None) of a refused document whose `model` is one of the config's: its refusal
+        goes on that model's state topic too (a version that is no name is not shown)."""
+        try:
+            data = json.loads(raw) if isinstance(raw, (bytes, bytearray)) else raw
+        except (ValueError, RecursionError):
+            return None
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, str) or self.host.model_config(model) is None:
+            return None
+        version = data.get("version")
+        return model, version if isinstance(version, str) and NAME_RE.fullmatch(version) else None
+
+    def _refused_state(self, model: str, version: str | None, reason: str, rid: str | int | None) -> None:
         """A refused document's reason on the state topic, unless a deployment of the model runs (its state
         stays what the topic shows)."""
-        log.warning("deployment %s %s refused: %s", model, version, reason)
+        log.warning("deployment %s %s refused: %s", model, version or "(no version)", reason)
         active = self.jobs.get(model)
         if active is not None and active.running():
             return
@@ -247,7 +265,7 @@ class Deployer:
         was = state.stage
         version = state.version
         if was == WATCHING and version is not None and self.store.serving(model) == version:
-            self.store.set_serving(model, state.previous)
+            self.store.set_serving(model, state.previous, forget=version)  # then removed below
         installed = version is not None and self.store.version_dir(model, version).exists()
         if (
             rec.get("installed_here")

@@ -175,16 +175,18 @@ class VersionStore:
     def previous(self, model: str) -> list[str]:
         return list(self._serving_record(model)["previous"])
 
-    def set_serving(self, model: str, version: str | None) -> None:
+    def set_serving(self, model: str, version: str | None, *, forget: str | None = None) -> None:
         """`version` serves `model` from now on (None: the config's own model); the one serving so far heads
-        the previous list. Atomic (temp + fsync + rename)."""
+        the previous list, but `forget` (a version whose promotion is undone) is no rollback target any more.
+        Atomic (temp + fsync + rename)."""
         if version is not None and not (self.version_dir(model, version) / RECORD_FILE).is_file():
             raise DeployError(f"{model} {version} is not installed", "version")
         try:
             rec = self._serving_record(model)
         except DeployError:
             rec = {"serving": None, "previous": [], "broken": {}}  # replaced by a good one now
-        self._write_serving(model, version, [rec["serving"], *rec["previous"]], rec["broken"])
+        previous = [v for v in (rec["serving"], *rec["previous"]) if forget is None or v != forget]
+        self._write_serving(model, version, previous, rec["broken"])
 
     def _write_serving(
         self, model: str, version: str | None, previous: list[str | None], broken: Mapping[str, str]
