@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agent.config.keys import public_key_problem
 from agent.deploy.document import canonical_bytes, parse_document
 from agent.deploy.errors import DeployError, SignatureError
 from agent.deploy.signing import (
@@ -24,7 +25,6 @@ from agent.deploy.signing import (
     generate_keys,
     load_private_key,
     load_public_key,
-    public_key_problem,
     sign_document,
     verify_document,
 )

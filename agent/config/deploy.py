@@ -18,8 +18,8 @@ from pydantic import Field, field_validator, model_validator
 
 from agent.config.files import file_problem
 from agent.config.impact import Impact
+from agent.config.keys import key_id_problem, public_key_problem
 from agent.config.strict import ConfigPath, StrictModel
-from agent.deploy.signing import key_id_problem, public_key_problem
 
 MAX_TRUSTED_KEYS = 64
 

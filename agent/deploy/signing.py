@@ -9,7 +9,8 @@ present is always checked, allow_unsigned or not.
 
 Keys are PEM files: the private key PKCS#8 without a passphrase, mode 0600 (it signs deployments: keep it
 off the devices); the public key SubjectPublicKeyInfo, copied to each device. Nothing here logs or quotes
-what a key file holds.
+what a key file holds. Key files and key ids are read by the config's rules (agent.config.keys: the
+trusted keys are checked at load by them too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import copy
 import hashlib
 import os
 import secrets
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,18 +30,13 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from agent.deploy.document import NAME_RE, NAME_RULE, canonical_bytes
+from agent.config.keys import KEY_ID_RULE, KeyFileError, key_id_problem, read_key_file, read_public_key
+from agent.deploy.document import canonical_bytes
 from agent.deploy.errors import DeployError, SignatureError
 
 PRIVATE_SUFFIX = ".key"
 PUBLIC_SUFFIX = ".pub"
-MAX_KEY_FILE = 16 * 1024  # bytes; an ed25519 PEM is ~120
 SIGNATURE_BYTES = 64
-
-
-def key_id_problem(key_id: str) -> str | None:
-    """Why `key_id` cannot name a key (it is a config key and a file name), or None."""
-    return None if NAME_RE.fullmatch(key_id) else NAME_RULE + " (at most 128)"
 
 
 def fingerprint(public: Ed25519PublicKey) -> str:
@@ -111,29 +106,12 @@ def _write_new(path: Path, data: bytes, mode: int, replace: bool) -> None:
         os.close(dir_fd)
 
 
-def _read_key_file(path: Path, what: str) -> bytes:
-    try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise SignatureError(f"{what} {path}: is a directory, not a file")
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read
-            raise SignatureError(f"{what} {path}: is not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_FILE + 1)
-    except FileNotFoundError:
-        raise SignatureError(f"{what} {path}: no such file") from None
-    except OSError as exc:
-        raise SignatureError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
-    except ValueError:  # a NUL in the path
-        raise SignatureError(f"{what} {path}: not a valid path") from None
-    if len(data) > MAX_KEY_FILE:
-        raise SignatureError(f"{what} {path}: larger than {MAX_KEY_FILE} bytes: not a PEM key")
-    return data
-
-
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """The ed25519 private key of a PEM file; SignatureError naming the path (never its content)."""
-    data = _read_key_file(path, "private key")
+    try:
+        data = read_key_file(path, "private key")
+    except KeyFileError as exc:
+        raise SignatureError(exc.reason) from None
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:  # cryptography: a password is needed
@@ -148,25 +126,10 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 def load_public_key(path: Path, key_id: str | None = None) -> Ed25519PublicKey:
     """The ed25519 public key of a PEM file; SignatureError naming the key id and the path."""
-    what = "public key" if key_id is None else f"trusted key {key_id}"
-    data = _read_key_file(path, what)
     try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, UnsupportedAlgorithm):
-        raise SignatureError(f"{what} {path}: not a PEM public key") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise SignatureError(f"{what} {path}: not an ed25519 key ({type(key).__name__.lstrip('_')})")
-    return key
-
-
-def public_key_problem(path: Path) -> str | None:
-    """Why `path` is not a readable PEM ed25519 public key ('no such file', 'not a PEM public key', ...),
-    or None: the config checks its trusted keys with this at load."""
-    try:
-        load_public_key(path)
-    except SignatureError as exc:
-        return exc.reason.removeprefix(f"public key {path}: ")
-    return None
+        return read_public_key(path, key_id)
+    except KeyFileError as exc:
+        raise SignatureError(exc.reason) from None
 
 
 # ---- signatures -------------------------------------------------------------------------------------------
@@ -202,7 +165,7 @@ def verify_document(
         raise SignatureError("signature: must be an object of key_id and ed25519, nothing else", "signature")
     key_id = signature["key_id"]
     if not isinstance(key_id, str) or key_id_problem(key_id) is not None:
-        raise SignatureError("signature.key_id: not a key id (" + NAME_RULE + ")", "signature.key_id")
+        raise SignatureError("signature.key_id: not a key id (" + KEY_ID_RULE + ")", "signature.key_id")
     if key_id not in trusted:
         known = ", ".join(sorted(trusted)[:8]) or "none"
         raise SignatureError(
