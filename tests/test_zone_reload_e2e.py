@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 WHOLE = [[0, 0], [1, 0], [1, 1], [0, 1]]  # every object is inside as soon as it is confirmed
 SMALLER = [[0, 0], [1, 0], [1, 0.99], [0, 0.99]]
+FIRST = {"all": {"polygon": WHOLE}, "gone": {"polygon": WHOLE}}
 
 
 def test_changed_and_removed_zones_give_their_leaves_on_sighup(
@@ -29,31 +30,30 @@ def test_changed_and_removed_zones_give_their_leaves_on_sighup(
 ) -> None:
     port = mqtt_broker.port
     config = tmp_path / "agent.yaml"
-    write(config, port, {"all": {"polygon": WHOLE}, "gone": {"polygon": WHOLE}}, {})
+    write(config, port, FIRST, {})
     sub = mqtt_subscribe(port, f"{BASE}/#")
     agent = start_agent(config)
-    reloads = 0
 
-    def reload_with_leaves(zones: dict[str, Any], zone: str, reason: str) -> list[dict]:
-        """Reload to ``zones`` while ``zone`` is occupied; its leaves (with ``reason``) of that reload. The
-        tracks may all end between the look and the reload (a clip's loop): then once more."""
-        nonlocal reloads
-        for _ in range(4):
+    def reload(zones: dict[str, Any]) -> list[Message]:
+        """SIGHUP with ``zones``; the messages from the reload on, once its status is out."""
+        write(config, port, zones, {})
+        mark = len(sub.snapshot())
+        before = reload_times(sub.snapshot())
+        agent.proc.send_signal(signal.SIGHUP)
+        msgs = wait(sub, lambda m: bool(reload_times(m) - before), 20, agent, "the reload's status")
+        return msgs[mark:]
+
+    def reload_with_leaves(zones: dict[str, Any], zone: str, reason: str) -> None:
+        """Reload to ``zones`` while ``zone`` is occupied, until that reload gives ``zone`` leaves with
+        ``reason``: the tracks may all end between the look and the reload (a clip's loop); then the zones
+        go back to the first config and once more."""
+        for attempt in range(4):
+            if attempt:
+                reload(FIRST)
             wait(sub, lambda m: occupied(m, zone), 60, agent, f"an object inside zone {zone}")
-            write(config, port, zones, {})
-            mark = len(sub.snapshot())
-            agent.proc.send_signal(signal.SIGHUP)
-            reloads += 1
-            msgs = wait(
-                sub,
-                lambda m, n=reloads: len([s for s in decoded(m, "/status") if s.get("last_reload")]) >= n,
-                20,
-                agent,
-                "the reload's status",
-            )
-            left = [e for e in events(msgs[mark:]) if e["type"] == "zone_leave" and e["zone"] == zone]
+            left = [e for e in events(reload(zones)) if e["type"] == "zone_leave" and e["zone"] == zone]
             if any(e["reason"] == reason for e in left):
-                return left
+                return
         raise AssertionError(f"no {reason} leave of zone {zone} in 4 reloads: {events(sub.snapshot())}")
 
     # "all" changes (twice: a changed zone may change again), "gone" goes.
@@ -82,6 +82,11 @@ def test_changed_and_removed_zones_give_their_leaves_on_sighup(
     entered = {e["track_id"] for e in everything if e["type"] == "zone_enter" and e["zone"] == "all"}
     for end in (e for e in everything if e["type"] == "end" and e["track_id"] in entered):
         assert "all" in end["entered_zones"], end
+
+
+def reload_times(msgs: list[Message]) -> set[float]:
+    """When each reload the status reported so far happened (a status repeats its last one)."""
+    return {s["last_reload"]["at"] for s in decoded(msgs, "/status") if s.get("last_reload")}
 
 
 def occupied(msgs: list[Message], zone: str) -> bool:
