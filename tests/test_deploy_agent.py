@@ -10,12 +10,15 @@ same version again); the CLI.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from fixtures_agent import AgentProcess, run_cli, wait_until
+import pytest
+from fixtures_agent import AgentProcess, bundled_model, run_cli, wait_until
 from fixtures_deploy import (
     BASE,
     MODEL,
@@ -183,3 +186,45 @@ def test_cli_models_deploy_list_show_rollback(
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert run_cli("models", "deploy", str(bad), "-c", str(cfg)).returncode == 2
+
+
+@pytest.mark.slow
+def test_a_deployed_version_gets_a_real_tensorrt_rtx_engine_and_onnx_runtime_serves_it_here(
+    deploy_kit: DeployKit,  # noqa: F811
+    mqtt_broker: Broker,
+    mqtt_subscribe: Any,
+    start_agent: Any,
+    tmp_path: Path,
+) -> None:
+    """backend tensorrt_rtx on a machine without a GPU: the deployed version is gated and shadowed on ONNX
+    Runtime, promoted, and the engine lifecycle builds its real TensorRT-RTX plan (manifest written); the
+    plan cannot run here, so ONNX Runtime serves it and the engine state says why."""
+    pytest.importorskip("tensorrt_rtx", reason="CI installs tensorrt-rtx (test extra)")
+    model = bundled_model(backend="tensorrt_rtx")
+    cfg = agent_config(tmp_path, mqtt_broker.port, deploy_kit, cameras=1, model=model)
+    sub = mqtt_subscribe(mqtt_broker.port, f"{BASE}/#")
+    agent = start_agent(cfg)
+    assert wait_until(lambda: streaming(sub, 1), 90), agent.text()[-3000:]
+
+    def engines() -> list[dict[str, Any]]:
+        return [json.loads(p) for t, p, _ in sub.snapshot() if t == f"{BASE}/engines/{MODEL}" and p]
+
+    assert deploy(sub, deploy_kit.make_document("v2"), agent=agent)["ok"]
+    wait_stage(sub, MODEL, "serving", version="v2", agent=agent)
+    v2_sha = hashlib.sha256((deploy_kit.www / "v2.onnx").read_bytes()).hexdigest()
+
+    def v2_engine() -> str | None:
+        """The key of the engine whose manifest names v2's ONNX."""
+        for path in (tmp_path / "engines" / MODEL).glob("*.json"):
+            with contextlib.suppress(ValueError, OSError, KeyError, TypeError):
+                if json.loads(path.read_text())["build"]["onnx_sha256"] == v2_sha:
+                    return path.stem
+        return None
+
+    assert wait_until(lambda: v2_engine() is not None, 300), agent.text()[-3000:]
+    key = v2_engine()
+    assert wait_until(lambda: any(e.get("key") == key and e.get("plan_sha256") for e in engines()), 30)
+    state = next(e for e in engines() if e.get("key") == key and e.get("plan_sha256"))
+    assert state["loaded"] is False and (state["backend"], state["precision"]) == ("onnxruntime", "fp32")
+    assert "cannot run on this device" in state["reasons"][0], state
+    assert streaming(sub, 1)
