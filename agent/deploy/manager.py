@@ -25,7 +25,7 @@ from typing import Any
 from agent.config import ModelConfig
 from agent.config.deploy import DeployConfig
 from agent.deploy.document import NAME_RE, document_digest, parse_document
-from agent.deploy.errors import DeployError
+from agent.deploy.errors import DeployError, DeviceFault
 from agent.deploy.flow import Run
 from agent.deploy.host import DeployHost
 from agent.deploy.job import Env, Job
@@ -134,11 +134,15 @@ class Deployer:
                     self.env.move(job, FAILED, f"cancelled: {job.cancel_reason}")
                 return
             if not resumed:
-                self.env.move(
-                    job,
-                    ACCEPTED,
-                    f"supersedes version {job.state.superseded}" if job.state.superseded else None,
-                )
+                try:
+                    self.env.move(
+                        job,
+                        ACCEPTED,
+                        f"supersedes version {job.state.superseded}" if job.state.superseded else None,
+                    )
+                except DeviceFault as exc:  # its record cannot be written (a full disk): it ends here
+                    self.env.move(job, FAILED, exc.reason)
+                    return
             Run(self.env, job)()
 
         job.thread = threading.Thread(target=work, name=f"deploy-{job.model}", daemon=True)

@@ -24,6 +24,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -215,9 +216,17 @@ def art(data: bytes, url: str) -> dict[str, Any]:
     return {"url": secret_url(url), "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
+_SUMS: dict[Path, tuple[str, int]] = {}  # the store's files do not change: hashed once (the CPU is shared)
+
+
 def store_art(kit: DeployKit, name: str) -> dict[str, Any]:
     """An artifact of the nginx store over HTTPS (the test CA is deploy.ca_file)."""
-    return art((kit.www / name).read_bytes(), kit.nginx.url(name, tls=True))
+    path = kit.www / name
+    if path not in _SUMS:
+        data = path.read_bytes()
+        _SUMS[path] = hashlib.sha256(data).hexdigest(), len(data)
+    sha, size = _SUMS[path]
+    return {"url": secret_url(kit.nginx.url(name, tls=True)), "sha256": sha, "size": size}
 
 
 def document(
@@ -311,6 +320,7 @@ def deployed(
     expect: str,
     *words: str,
     during: Callable[[dict[str, Any]], None] | None = None,
+    timeout: float = 180.0,
 ) -> dict[str, Any]:
     """Send `doc`, wait for its end, check the end's stage and reason, the serving model's frames and what
     is left; `during(answer)` runs while it is in flight. Returns the final state."""
@@ -320,7 +330,7 @@ def deployed(
     assert answer.get("ok") is True, answer
     if during is not None:
         during(answer)
-    end = final(live, doc["version"], after)
+    end = final(live, doc["version"], after, timeout)
     t1 = time.time()
     assert end["stage"] == expect, end
     if expect != "serving":
@@ -830,6 +840,34 @@ def test_a_disk_full_during_the_build_fails_it_and_leaves_nothing(tmpfs: Live) -
     finally:
         for p in filler:
             p.unlink()
+    assert serving_version(live) == before
+    assert "Traceback" not in live.text(), live.text()[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("leave_mb", "expect", "words"),
+    [(0, "failed", ("no space",)), (20, "rejected", ("not enough space", "needed"))],
+    ids=["full", "short"],
+)
+def test_a_disk_already_full_ends_the_deployment_at_once(
+    tmpfs: Live, leave_mb: int, expect: str, words: tuple[str, ...]
+) -> None:
+    """Full: not even the record of `accepted` can be written; short: less than the artifacts and the
+    download reserve (the free-space check before any byte is fetched)."""
+    live = tmpfs
+    if leave_mb:
+        filler = live.state_dir / "filler.bin"
+        with open(filler, "wb") as f:
+            for _ in range((shutil.disk_usage(live.state_dir).free >> 20) - leave_mb):
+                f.write(bytes(1 << 20))
+    else:
+        filler = fill(live.state_dir)
+    before = serving_version(live)
+    try:
+        doc = document(live, f"full-{leave_mb}", onnx=store_art(live.kit, "v2.onnx"))
+        deployed(live, doc, expect, *words, timeout=30)
+    finally:
+        filler.unlink()
     assert serving_version(live) == before
     assert "Traceback" not in live.text(), live.text()[-4000:]
 
