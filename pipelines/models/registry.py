@@ -18,6 +18,7 @@ FORMATS: dict[str, str | type[ModelAdapter]] = {
     "yolov8": "pipelines.models.yolov8:YoloV8Adapter",
     "yolo11": "pipelines.models.yolov8:YoloV8Adapter",  # YOLO11 detection exports use the YOLOv8 layout
     "yolov5": "pipelines.models.yolov5:YoloV5Adapter",
+    "end2end": "pipelines.models.end2end:End2EndAdapter",  # the model ends in NMS: [B, N, 6] or EfficientNMS
 }
 
 DEFAULT_SIDE = 640  # used for a dynamic (None) H or W, the usual YOLO export size
