@@ -34,8 +34,6 @@ from agent.deploy.versions import VersionStore
 from agent.mqtt import MqttClient
 from agent.mqtt.commands import CommandError, CommandRouter, DeployRequest, RollbackRequest
 from agent.mqtt.topics import Topics
-from agent.runtime.deploy_host import LocalDeployHost
-from agent.runtime.local import LocalRuntime
 
 
 class Owner(Protocol):
@@ -78,11 +76,11 @@ class DeviceDeployments:
         if not cfg.deploy.enabled:
             return
         runtime = dev.runtime
-        if not isinstance(runtime, LocalRuntime):
+        host = runtime.deploy_host(own=lambda: dev.cfg, publish=self.publish, lock=dev.reload_lock)
+        if host is None:  # the runtime takes no deployments (shards)
             self.refusal = SHARDED
             log.warning("deployments: %s", SHARDED)
             return
-        host = LocalDeployHost(runtime, own=lambda: dev.cfg, publish=self.publish, lock=dev.reload_lock)
         self.deployer = Deployer(lambda: dev.cfg.deploy, VersionStore(cfg.deploy.state_dir), host)
         serve = self.deployer.start(cfg.models)
         for model, mcfg in serve.items():
@@ -101,6 +99,9 @@ class DeviceDeployments:
                 continue
             try:
                 models[model] = effective_model(own, store.version_dir(model, version))
+                if own != self.device.cfg.models.get(model):
+                    said = "model %s: its section changed; the deployed version %s keeps serving"
+                    log.info(said, model, version)
             except DeployError as exc:
                 log.warning("model %s: version %s cannot serve the reloaded section: %s", model, version, exc)
         return new.model_copy(update={"models": models})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,26 @@ def test_a_deployed_version_gets_a_real_tensorrt_rtx_engine_and_onnx_runtime_ser
     assert state["loaded"] is False and (state["backend"], state["precision"]) == ("onnxruntime", "fp32")
     assert "cannot run on this device" in state["reasons"][0], state
     assert streaming(sub, 1)
+
+
+def test_a_reload_that_changes_the_deployed_models_section_keeps_the_version_serving(
+    deploy_kit: DeployKit,  # noqa: F811
+    mqtt_broker: Broker,
+    mqtt_subscribe: Any,
+    start_agent: Any,
+    tmp_path: Path,
+) -> None:
+    cfg = agent_config(tmp_path, mqtt_broker.port, deploy_kit, cameras=1)
+    sub = mqtt_subscribe(mqtt_broker.port, f"{BASE}/#")
+    agent = start_agent(cfg)
+    assert wait_until(lambda: streaming(sub, 1), 90), agent.text()[-3000:]
+    assert deploy(sub, deploy_kit.make_document("v2"), agent=agent)["ok"]
+    wait_stage(sub, MODEL, "serving", version="v2", agent=agent)
+
+    agent_config(tmp_path, mqtt_broker.port, deploy_kit, cameras=1, model=bundled_model(threads={"intra": 2}))
+    agent.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "reload applied" in agent.text(), 60), agent.text()[-3000:]
+    assert "the deployed version v2 keeps serving" in agent.text()
+    assert wait_until(lambda: streaming(sub, 1), 30)
+    listed = run_cli("models", "list", "-c", str(cfg), "--json")
+    assert json.loads(listed.stdout)[0]["serving"] == "v2", listed.stdout + listed.stderr
