@@ -6,6 +6,7 @@ frame pixels; the TensorRT side through fake_tensorrt's data-dependent output (T
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import fake_tensorrt
 import numpy as np
@@ -270,7 +271,7 @@ def test_an_nms_terminated_tensorrt_engine_serves_through_the_adapter(
 ) -> None:
     rt = FakeCudart()
     monkeypatch.setattr("engines.runtimes.slots.import_cudart", lambda: rt)
-    mod = fake_tensorrt.make("10.3.0")
+    mod: Any = fake_tensorrt.make("10.3.0")  # the fake engine's knobs are set below
     mod.ENGINE_IO = [mod.ENGINE_IO[0], ("detections", 2, (-1, 6), 0, None)]  # 416x416 input, [N, 6] out
     mod._ENGINE_DDS = {"detections": 3}  # the fake writes row i as 6i .. 6i + 5
     api = TrtApi(mod)
