@@ -775,16 +775,26 @@ def test_two_deployments_racing_the_newer_supersedes(agent_up: Live, slow: Fault
     assert_no_secrets(live)
 
 
-def test_sighup_during_a_deployment_neither_stops_it_nor_the_model(agent_up: Live, slow: FaultServer) -> None:
-    live = agent_up
+@pytest.mark.parametrize("stage", ["downloading", "shadow"])
+def test_sighup_during_a_deployment_neither_stops_it_nor_the_model(
+    agent_up: Live, slow: FaultServer, stage: str
+) -> None:
+    """A reload (same config) while the artifacts download, and while the candidate runs beside the
+    serving model: the deployment goes on to serving, the model and the cameras never stop."""
+    live, version = agent_up, f"hup-{stage}"
+    reloads = live.text().lower().count("reload")
 
     def hup(answer: dict[str, Any]) -> None:
-        reach(live, "hup-1", "downloading", 0, cond=lambda s: s["progress"] > 0)
+        reach(live, version, stage, 0, cond=lambda s: s["progress"] > 0 or stage != "downloading")
         live.proc.send_signal(signal.SIGHUP)
 
-    end = deployed(live, document(live, "hup-1", onnx=slow_art(slow)), "serving", during=hup)
-    assert end["version"] == "hup-1" and serving_version(live) == "hup-1"
-    assert live.proc.poll() is None and "reload" in live.text().lower()
+    if stage == "downloading":
+        doc = document(live, version, onnx=slow_art(slow))
+    else:
+        doc = document(live, version, shadow={"frames": 40, "max_latency_ratio": 10.0})
+    end = deployed(live, doc, "serving", during=hup)
+    assert end["version"] == version and serving_version(live) == version
+    assert live.proc.poll() is None and live.text().lower().count("reload") > reloads
 
 
 # ---- a full disk ----
