@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fixtures_agent import AgentProcess, bundled_model, run_cli, wait_until
 from fixtures_deploy import (
     BASE,
@@ -32,7 +33,7 @@ from fixtures_deploy import (
     states,
     wait_stage,
 )
-from fixtures_mqtt import Broker, Subscriber
+from fixtures_mqtt import Broker, Subscriber, retain
 
 
 def camera_states(sub: Subscriber) -> list[tuple[str, dict[str, Any]]]:
@@ -145,12 +146,15 @@ def test_deployments_off_are_refused_with_the_reason(
     tmp_path: Path,
 ) -> None:
     cfg = agent_config(tmp_path, mqtt_broker.port, deploy_kit, cameras=1, deploy={"enabled": False})
+    # A state left by a model the config no longer has: deleted at connect.
+    retain(mqtt_broker.port, [(f"{BASE}/deployments/ghost", b'{"stage": "serving"}')])
     sub = mqtt_subscribe(mqtt_broker.port, f"{BASE}/#")
     agent = start_agent(cfg)
     assert wait_until(lambda: streaming(sub, 1), 90), agent.text()[-3000:]
     answer = deploy(sub, deploy_kit.make_document("v2"), agent=agent)
     assert not answer["ok"] and "deploy.enabled: false" in answer["error"], answer
     assert rollback(sub, agent=agent)["ok"] is False
+    assert wait_until(lambda: {} in states(sub, "ghost"), 10), states(sub, "ghost")
 
 
 def test_cli_models_deploy_list_show_rollback(
@@ -252,3 +256,23 @@ def test_a_reload_that_changes_the_deployed_models_section_keeps_the_version_ser
     assert wait_until(lambda: streaming(sub, 1), 30)
     listed = run_cli("models", "list", "-c", str(cfg), "--json")
     assert json.loads(listed.stdout)[0]["serving"] == "v2", listed.stdout + listed.stderr
+
+
+def test_pipeline_shards_refuse_deployments_with_the_reason(
+    deploy_kit: DeployKit,  # noqa: F811
+    mqtt_broker: Broker,
+    mqtt_subscribe: Any,
+    start_agent: Any,
+    tmp_path: Path,
+) -> None:
+    cfg = agent_config(tmp_path, mqtt_broker.port, deploy_kit)
+    body = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**body, "pipeline": {"shards": 2}}))
+    sub = mqtt_subscribe(mqtt_broker.port, f"{BASE}/#")
+    agent = start_agent(cfg)
+    assert wait_until(lambda: streaming(sub), 120), agent.text()[-3000:]
+    answer = deploy(sub, deploy_kit.make_document("v2"), agent=agent)
+    assert not answer["ok"] and "pipeline shards" in answer["error"] and answer["stage"] == "rejected", answer
+    state = wait_stage(sub, MODEL, "rejected", agent=agent)
+    assert state["version"] == "v2" and "pipeline shards" in state["reason"]
+    assert not (tmp_path / "deploy-state" / "models").exists()
