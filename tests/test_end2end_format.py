@@ -250,6 +250,17 @@ def test_wrong_layouts_are_refused_naming_the_output(outputs: dict[str, np.ndarr
         check_outputs("end2end", _adapter(), outputs)
 
 
+def test_no_nms_on_top_of_the_models_own() -> None:
+    """Two same-class boxes at IoU 0.6 that the model's NMS kept (its threshold 0.7) both stay, whatever the
+    agent's iou_threshold."""
+    adapter = _adapter()
+    _, letterboxes = adapter.preprocess([BLACK])
+    rows = np.array([[[0, 0, 40, 40, 0.9, 0], [0, 10, 40, 50, 0.8, 0]]], np.float32)  # IoU 1200 / 2000
+    (dets,) = adapter.postprocess({"output0": rows}, letterboxes, 0.25, iou_threshold=0.5)
+    np.testing.assert_allclose(dets.boxes, rows[0, :, :4])
+    np.testing.assert_allclose(dets.scores, [0.9, 0.8])
+
+
 def test_a_class_id_beyond_the_labels_is_refused_naming_the_output() -> None:
     adapter = _adapter()
     _, letterboxes = adapter.preprocess([WHITE])
