@@ -172,12 +172,15 @@ def _retained_states(cfg: Any, device: str | None, quiet_s: float = 0.5) -> dict
 
 # ---- deploy -----------------------------------------------------------------------------------------------
 def cmd_models_deploy(args: argparse.Namespace) -> int:
-    from agent.cli.models import _read_doc
-    from agent.deploy.document import parse_document
+    from agent.deploy.document import MAX_DOCUMENT_BYTES, parse_document
     from agent.deploy.errors import DeployError
 
     try:
-        raw = _read_doc(Path(args.file))
+        try:
+            with open(args.file, "rb") as f:
+                raw = f.read(MAX_DOCUMENT_BYTES + 1)  # parse_document refuses what is larger
+        except OSError as exc:
+            raise CliError(f"{args.file}: cannot read ({exc.strerror or exc})") from None
         doc, _ = parse_document(raw, args.file)
         cfg = _config(args.config)
         s = Session(cfg, args.device, ["cmd/deploy/result", f"deployments/{doc.model}"])

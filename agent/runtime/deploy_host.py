@@ -5,11 +5,12 @@
 - the config's own model sections come from `own()` (the file as loaded or reloaded, no version overlaid);
 - live frames: the model's FrameTap (agent.lifecycle.calibration), the frames its pipeline decodes anyway:
   the next `n` it delivers, consecutive ones, never a second camera session;
-- the candidate's backend: ONNX Runtime of the candidate's ONNX with the model's threads. Where the model
-  has a TensorRT target, the candidate is still gated and shadowed on ONNX Runtime: its engine is built
-  by the engine lifecycle once it serves (promote reopens the model there: `fallback -> building ->
-  ready`, or `ready, loaded: false` where TensorRT-RTX builds but cannot run, as at start). The state's
-  gate and shadow figures are ONNX Runtime's then, and `promote` says so in its log line;
+- the candidate's backend: where the model has a TensorRT target, its engine is built first through the
+  lifecycle's job (build lock, timing cache, the precision plan and its gate on frames of the running
+  pipeline) into the engine store: a failed build rejects the version, and promote finds the engine
+  there. The gate and shadow run on ONNX Runtime sessions of the candidate's ONNX (one thread) all the
+  same: an engine runs only once it serves (TensorRT-RTX without a GPU: built, never run; ONNX Runtime
+  serves it after promotion, `ready, loaded: false`, as at start);
 - the serving backend: a session of its own on what serves now (the running one is not slowed);
 - promote: the model is reopened through the engine lifecycle (EngineManager.open with the new section)
   and its worker takes the backend and adapter at the top of its next batch (pipelines.serving): cameras,
@@ -36,9 +37,12 @@ import numpy as np
 from agent.config import AgentConfig, ModelConfig
 from agent.deploy.errors import DeployError
 from agent.deploy.host import CameraHealth, Frame
+from agent.lifecycle.builds import PipelineFrames
 from agent.lifecycle.calibration import CalibrationError, FrameTap
+from agent.lifecycle.manager import EngineManager
 from agent.lifecycle.model import DEFAULT_SCORE_THRESHOLD, ModelContext
-from agent.lifecycle.serving import OrtOnly, engine_target
+from agent.lifecycle.runner import JobRunner, LockUnavailable
+from agent.lifecycle.serving import EngineTarget, OrtOnly, engine_runs_here, engine_target
 from agent.runtime.cameras import CameraRuntime
 from engines.runtimes.base import Backend
 from engines.runtimes.ort import OrtBackend
@@ -65,6 +69,9 @@ class ServingRuntime(Protocol):
 
     @property
     def cameras(self) -> dict[str, CameraRuntime]: ...
+
+    @property
+    def engines(self) -> EngineManager: ...
 
     def serve_model(self, name: str, mcfg: ModelConfig) -> None: ...
 
@@ -134,12 +141,32 @@ class LocalDeployHost:
         _, ctx = self._context(model, model_cfg)
         target = engine_target(ctx)
         if not isinstance(target, OrtOnly):
-            log.info(
-                "deployment %s: the candidate is checked on ONNX Runtime; its engine is built by the engine "
-                "lifecycle once promoted",
-                model,
-            )
+            self._build(ctx, target)
         return self._ort(ctx)
+
+    def _build(self, ctx: ModelContext, target: EngineTarget) -> None:
+        """The candidate's engine, built now through the lifecycle's job (build lock, timing cache, the
+        precision plan and its gate on frames of the running pipeline) into the engine store, where the
+        promotion finds it. Checked on ONNX Runtime all the same: an engine runs only once it serves."""
+        rt = self.runtime
+        frames = PipelineFrames(lambda: rt.cfg, rt.taps.get, threading.Event())
+        runner = JobRunner(lambda: rt.engines.store, frames, lock_wait_s=None)
+
+        def on_event(ev: Any) -> None:
+            log.debug("deployment %s: build: %s", ctx.name, ev)
+
+        try:
+            result = runner.run(ctx, target.api, ctx.cfg.precision, False, on_event)
+        except (LockUnavailable, CalibrationError) as exc:
+            raise DeployError(f"building: {exc}"[:400]) from None
+        if not result.ok:
+            raise DeployError(f"building: the engine build failed: {result.error}"[:400])
+        log.info(
+            "deployment %s: engine %s built; the candidate is checked on ONNX Runtime (%s)",
+            ctx.name,
+            result.key,
+            "it runs here once promoted" if engine_runs_here(target.fingerprint) else "it cannot run here",
+        )
 
     def serving_backend(self, model: str) -> contextlib.AbstractContextManager[Backend]:
         yield_cpu()
