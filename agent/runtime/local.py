@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from agent import __version__
@@ -28,7 +29,7 @@ from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics
 from agent.runtime import reports
 from agent.runtime.cameras import CameraRuntime
-from agent.runtime.deploy_host import check_backend
+from agent.runtime.deploy_host import LocalDeployHost, check_backend
 from agent.runtime.protocol import Outlet
 from agent.runtime.sinks import EventOut, ResultSinks
 from agent.runtime.transaction import ReloadTransaction
@@ -258,6 +259,16 @@ class LocalRuntime:
         return bool(self.engines.rebuild(model, force=force, precision=precision))
 
     # ---- deployed versions (agent.deploy through agent.runtime.deploy_host) ----------------------------
+    def deploy_host(
+        self,
+        own: Callable[[], AgentConfig],
+        publish: Callable[[str, bytes], None],
+        lock: AbstractContextManager[Any],
+    ) -> LocalDeployHost:
+        """Where deployments run here (agent.deploy.host.DeployHost): this runtime's live frames, candidate
+        checks and hot swap; `own`: the device's config now, `lock`: its reload lock."""
+        return LocalDeployHost(self, own=own, publish=publish, lock=lock)
+
     def serve_models(self, models: Mapping[str, ModelConfig]) -> None:
         """Before open(): serve these model sections in place of the config's (deployed versions)."""
         if models:

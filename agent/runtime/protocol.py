@@ -8,10 +8,12 @@ runtime reads the outlet's MQTT client at each publish, never keeping it (a relo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from agent.config import AgentConfig
 from agent.config.reload import ReloadPlan
+from agent.deploy.host import DeployHost
 from agent.mqtt import MqttClient
 from agent.mqtt.topics import Topics
 from agent.runtime.reports import CameraState
@@ -109,4 +111,13 @@ class Runtime(Protocol):
 
     def prepare(self, new: AgentConfig, plan: ReloadPlan) -> Prepared:
         """Everything of a reload that can fail, while nothing has changed; raises when it cannot be."""
+        ...
+
+    def deploy_host(
+        self,
+        own: Callable[[], AgentConfig],
+        publish: Callable[[str, bytes], None],
+        lock: AbstractContextManager[Any],
+    ) -> DeployHost | None:
+        """Where deployments run on this runtime (agent.device_deploy), or None where it takes none."""
         ...

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -49,7 +50,7 @@ from agent.shards.protocol import (
     TrackEvent,
     Up,
 )
-from agent.shards.tracks import OpenTracks, TrackEpochs
+from agent.shards.tracks import OpenTracks, TrackEpochs, TrackEpochs
 from agent.telemetry import StageWindow
 from engines.precision import Precision
 
@@ -96,6 +97,7 @@ class ShardedRuntime:
         self.stages = StageWindow(capacity=2048 * self.plan.count)
         self.cameras: dict[str, CameraState] = {}  # as the shards report them
         self._open = [OpenTracks() for _ in range(self.plan.count)]  # what each shard left open
+        self.epochs = TrackEpochs()  # where track ids start, for every start and hand-over of this run
         self.epochs = TrackEpochs()  # where track ids start, for every start and hand-over of this run
         self.shard_engines = ShardEngines(self, cfg)
         self._on_message: dict[type, Callable[[int, Any], None]] = {
@@ -317,6 +319,15 @@ class ShardedRuntime:
             return False
         log.info("deleting stale camera/zone/line state %s", topic)
         return True
+
+    def deploy_host(
+        self,
+        own: Callable[[], AgentConfig],
+        publish: Callable[[str, bytes], None],
+        lock: AbstractContextManager[Any],
+    ) -> None:
+        """None: no deployments while shards run (a version would have to be promoted in every shard)."""
+        return None
 
     def snapshot(self, camera: str) -> dict[str, Any]:
         k = self.plan.cameras.get(camera)
