@@ -50,7 +50,7 @@ from agent.shards.protocol import (
     TrackEvent,
     Up,
 )
-from agent.shards.tracks import OpenTracks, TrackEpochs, TrackEpochs
+from agent.shards.tracks import OpenTracks, TrackEpochs
 from agent.telemetry import StageWindow
 from engines.precision import Precision
 
@@ -97,7 +97,6 @@ class ShardedRuntime:
         self.stages = StageWindow(capacity=2048 * self.plan.count)
         self.cameras: dict[str, CameraState] = {}  # as the shards report them
         self._open = [OpenTracks() for _ in range(self.plan.count)]  # what each shard left open
-        self.epochs = TrackEpochs()  # where track ids start, for every start and hand-over of this run
         self.epochs = TrackEpochs()  # where track ids start, for every start and hand-over of this run
         self.shard_engines = ShardEngines(self, cfg)
         self._on_message: dict[type, Callable[[int, Any], None]] = {
