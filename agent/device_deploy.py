@@ -82,7 +82,12 @@ class DeviceDeployments:
             log.warning("deployments: %s", SHARDED)
             return
         self.deployer = Deployer(lambda: dev.cfg.deploy, VersionStore(cfg.deploy.state_dir), host)
-        serve = self.deployer.start(cfg.models)
+        try:
+            serve = self.deployer.start(cfg.models)
+        except (DeployError, OSError) as exc:  # the cameras still start, on the config's own models
+            why = exc.reason if isinstance(exc, DeployError) else (exc.strerror or str(exc))
+            log.error("deployments: %s: %s; the config's own models serve", cfg.deploy.state_dir, why)
+            serve = {}
         for model, mcfg in serve.items():
             log.info("model %s: serving the deployed version %s (%s)", model, self._serving(model), mcfg.onnx)
         runtime.serve_models(serve)
