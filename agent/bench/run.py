@@ -109,21 +109,30 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             if opts.flap:
                 report["isolation"] = isolation(report["runs"], opts)
         if "deploy" in opts.sections:
-            from agent.bench.deploy import deploy_section  # starts mosquitto, nginx and the agent
-
-            ort.close()
-            report["deploy"] = deploy_section(opts)
+            report["deploy"] = _deploy(opts, ort)
     finally:
         ort.close()
-    report["summary"] = summary(report)
-    if "deploy" in report:
-        from agent.bench.deploy import deploy_summary
-
-        report["summary"] = (report["summary"] + "\n" + deploy_summary(report["deploy"])).strip()
+    report["summary"] = _summary(report)
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     report["plot"] = plot(report, opts.out / "bench.png")
     return report
+
+
+def _deploy(opts: BenchOptions, ort: OrtBackend) -> dict[str, Any]:
+    """The deploy section: it starts mosquitto, nginx and the agent (its sessions are measured, not ours)."""
+    from agent.bench.deploy import deploy_section
+
+    ort.close()
+    return deploy_section(opts)
+
+
+def _summary(report: dict[str, Any]) -> str:
+    if "deploy" not in report:
+        return summary(report)
+    from agent.bench.deploy import deploy_summary
+
+    return (summary(report) + "\n" + deploy_summary(report["deploy"])).strip()
 
 
 def _grafted(opts: BenchOptions, spec: ModelSpec) -> ModelSpec:
