@@ -15,6 +15,7 @@ import pytest
 
 from agent.config import ConfigError, load_config
 from agent.config.reload import plan_reload
+from pipelines.models import formats
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "agent" / "assets"
@@ -88,9 +89,11 @@ def test_schema_errors_name_the_line_of_their_key(tmp_path: Path) -> None:
     text = BASE.replace("    model: det\n", "    model: det\n    fps: -1\n    fsp: 3\n")
     text = text.replace("mqtt:", "    zones: {z: {polygon: [[0, 0], [1, 0], [x, 1]]}}\nmqtt:")
     text = text.replace("format: nanodet", "format: yolo9")
+    names = [f"'{f}'" for f in formats()]  # the registry's, in its order
+    one_of = f"{', '.join(names[:-1])} or {names[-1]}"
     assert sorted(refused(tmp_path, text)) == sorted(
         [
-            "models.det.format: must be one of 'nanodet', 'yolov8', 'yolo11' or 'yolov5' (line 6)",
+            f"models.det.format: must be one of {one_of} (line 6)",
             "cameras.gate.fps: must be > 0 (line 12)",
             "cameras.gate.fsp: unknown key (line 13)",
             "cameras.gate.zones.z.polygon.2.0: must be a number (line 14)",

@@ -22,6 +22,23 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
+def _substitute(text: str, env: dict[str, str]) -> tuple[str, list[str]]:
+    """`text` with its variables replaced, and the names of those neither set nor defaulted (left as
+    they were)."""
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        missing.append(name)
+        return m.group(0)
+
+    return _ENV.sub(sub, text), missing
+
+
 def expand_env(
     data: Any,
     source: str,
@@ -58,18 +75,7 @@ def expand_env(
             return node
         text: str = node
         if "${" in node:
-            missing: list[str] = []
-
-            def sub(m: re.Match[str]) -> str:
-                name, default = m.group(1), m.group(2)
-                if name in env:
-                    return env[name]
-                if default is not None:
-                    return default
-                missing.append(name)
-                return m.group(0)
-
-            text = _ENV.sub(sub, node)
+            text, missing = _substitute(node, env)
             for name in dict.fromkeys(missing):
                 problems.append(f"{source}: {show(path)}: environment variable {name} is not set")
             if missing:
