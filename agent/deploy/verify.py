@@ -21,7 +21,7 @@ import numpy as np
 
 from agent.deploy.errors import VerifyError
 from engines.runtimes.base import TensorSpec
-from pipelines.models import SpecError, check_outputs, probe_input, resolve_onnx
+from pipelines.models import SpecError, check_outputs, probe_outputs, resolve_onnx
 from pipelines.models.registry import adapter_class, make_adapter
 from pipelines.postprocess import load_labels
 
@@ -161,15 +161,8 @@ def check_onnx(path: Path) -> None:
 
 def _probe(path: Path) -> dict[str, np.ndarray]:
     """The outputs of one run on a zero image (ONNX Runtime on the CPU, one thread)."""
-    from engines.runtimes.ort import OrtBackend
-
     try:
-        backend = OrtBackend(str(path), intra_threads=1)
-        backend.load()
-        try:
-            return backend.infer(probe_input(backend.input_spec))
-        finally:
-            backend.close()
+        return probe_outputs(path)
     except Exception as exc:  # ONNX Runtime raises its own types for a model it cannot run
         raise VerifyError(f"onnx: {path} does not run on ONNX Runtime ({_short(exc)})", ONNX_FIELD) from None
 

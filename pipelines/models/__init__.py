@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipelines.models.base import ModelAdapter
-    from pipelines.models.checks import check_outputs, probe_input
+    from pipelines.models.checks import check_outputs, probe_input, probe_outputs
     from pipelines.models.nanodet import NanoDetAdapter
     from pipelines.models.registry import DEFAULT_SIDE, FORMATS, formats, make_adapter
     from pipelines.models.spec import GraftParams, GraftRecord, ModelSpec, SpecError, resolve_onnx
@@ -32,6 +32,7 @@ _WHERE = {
     "YoloV8Adapter": "yolov8",
     "check_outputs": "checks",
     "probe_input": "checks",
+    "probe_outputs": "checks",
 }
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "formats",
     "make_adapter",
     "probe_input",
+    "probe_outputs",
     "resolve_onnx",
 ]
 

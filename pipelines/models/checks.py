@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from engines.runtimes.base import TensorSpec
@@ -29,3 +31,17 @@ def probe_input(spec: TensorSpec) -> np.ndarray:
     c = spec.shape[1] if spec.shape[1] is not None else 3
     h, w = (d if d is not None else DEFAULT_SIDE for d in spec.shape[2:4])
     return np.zeros((1, c, h, w), dtype=np.float32)
+
+
+def probe_outputs(path: Path) -> dict[str, np.ndarray]:
+    """The model's outputs for one zero image, run on ONNX Runtime (CPU, one thread): exported detectors
+    often leave output shapes dynamic, so only a real inference shows their layout. ONNX Runtime's own
+    errors pass through (callers word them)."""
+    from engines.runtimes.ort import OrtBackend
+
+    backend = OrtBackend(str(path), intra_threads=1)
+    backend.load()
+    try:
+        return backend.infer(probe_input(backend.input_spec))
+    finally:
+        backend.close()
