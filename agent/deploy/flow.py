@@ -2,6 +2,7 @@
 
     downloading  each artifact fetched into the store's staging folder (resumable; progress in the state)
     verifying    the ONNX and labels against the format adapter; installed as models/{model}/{version}
+                 (the calibration archive unpacked into its calibration/ folder)
     building     the candidate's backend through the host (the engine lifecycle) beside the serving one
     gating       agreement with the serving model on the last live frames (agent.deploy.gate)
     shadow       both on live frames, nothing published (agent.deploy.shadow)
@@ -48,7 +49,7 @@ from pipelines.urls import scrubber
 
 log = logging.getLogger("agent.deploy")
 
-FILES = {"onnx": "model.onnx", "labels": "labels.txt", "calibration": "calibration.bin"}
+FILES = {"onnx": "model.onnx", "labels": "labels.txt", "calibration": "calibration.tar"}
 
 
 class Cancelled(Exception):
@@ -155,7 +156,9 @@ class Run:
         # Recorded before the install: an agent killed during it leaves a version a restart must remove.
         self.job.installed_here = not self.env.store.version_dir(self.model, self.version).exists()
         self.env.save(self.job)
-        self.env.store.install(self.model, self.version, self.staged, self.job.raw)
+        self.env.store.install(
+            self.model, self.version, self.staged, self.job.raw, calib_max_bytes=self.cfg.max_artifact_bytes
+        )
 
     # ---- build, gate, shadow -----------------------------------------------------------------------------
     def frames(self, n: int) -> list[np.ndarray]:

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import ModelConfig
+from agent.deploy.calib_archive import unpack_calibration
 from agent.deploy.errors import DeployError, VerifyError
 from agent.deploy.staging import atomic_write_json, files_under, fsync_tree, os_reason, place_file, read_json
 
 RECORD_SCHEMA = "edge-agent/model-version/1"
 ONNX_FILE, LABELS_FILE, CALIBRATION_DIR = "model.onnx", "labels.txt", "calibration"
 DOCUMENT_FILE, RECORD_FILE, SERVING_FILE = "document.json", "record.json", "serving.json"
+DEFAULT_CALIB_MAX_BYTES = 1 << 30  # deploy.max_artifact_mb's default; the flow passes the config's
 
 
 def sha256_of(path: Path) -> str:
@@ -29,14 +31,22 @@ def sha256_of(path: Path) -> str:
 
 
 def assemble(
-    incoming: Path, model: str, version: str, files: dict[str, Path], document: Mapping[str, Any]
+    incoming: Path,
+    model: str,
+    version: str,
+    files: dict[str, Path],
+    document: Mapping[str, Any],
+    calib_max_bytes: int = DEFAULT_CALIB_MAX_BYTES,
 ) -> dict[str, Any]:
-    """Write the complete version folder `incoming` (not yet in its place): the staged files linked in,
-    their sha256 and size checked against the document, document.json and record.json; all fsynced.
+    """Write the complete version folder `incoming` (not yet in its place): the staged files linked in (a
+    staged calibration file is the artifact's tar archive: unpacked, at most `calib_max_bytes`), their
+    sha256 and size checked against the document, document.json and record.json; all fsynced.
     Returns the record."""
     incoming.mkdir(mode=0o755)
     for name, src in files.items():
-        if name == CALIBRATION_DIR:
+        if name == CALIBRATION_DIR and not src.is_symlink() and src.is_file():
+            unpack_calibration(src, incoming / name, calib_max_bytes)
+        elif name == CALIBRATION_DIR:
             (incoming / name).mkdir()
             tree = list(files_under(src)) if src.is_dir() else [(src.name, src)]
             for rel, p in tree:

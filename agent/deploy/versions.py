@@ -44,6 +44,7 @@ from agent.deploy.staging import (
 )
 from agent.deploy.version_engines import delete_engines_of
 from agent.deploy.version_files import (
+    DEFAULT_CALIB_MAX_BYTES,
     ONNX_FILE,
     RECORD_FILE,
     SERVING_FILE,
@@ -105,13 +106,19 @@ class VersionStore:
 
     # ---- install -----------------------------------------------------------------------------------
     def install(
-        self, model: str, version: str, staged: Mapping[str, Path], document: Mapping[str, Any]
+        self,
+        model: str,
+        version: str,
+        staged: Mapping[str, Path],
+        document: Mapping[str, Any],
+        calib_max_bytes: int = DEFAULT_CALIB_MAX_BYTES,
     ) -> Path:
-        """Move the staged artifacts ({"onnx", "labels", optional "calibration": file or folder}) into
-        models/{model}/{version}/ in one rename, with document.json and record.json. The staged files stay
-        until discard_staging. Installing a version again with the same files returns its folder; with other
-        files it is refused (a version names one set of bytes). On any failure nothing of it is left in
-        models/ and the serving state is untouched: DeployError naming the path."""
+        """Move the staged artifacts ({"onnx", "labels", optional "calibration": its tar archive, unpacked
+        (agent.deploy.calib_archive), or a folder}) into models/{model}/{version}/ in one rename, with
+        document.json and record.json. The staged files stay until discard_staging. Installing a version
+        again with the same files returns its folder; with other files it is refused (a version names one
+        set of bytes). On any failure nothing of it is left in models/ and the serving state is untouched:
+        DeployError naming the path."""
         final = self.version_dir(model, version)
         files = staged_files(staged)
         parent = final.parent
@@ -121,7 +128,7 @@ class VersionStore:
             raise DeployError(f"cannot create {parent}: {os_reason(exc)}") from None
         incoming = parent / f"{INCOMING}{version}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            record = assemble(incoming, model, version, files, document)
+            record = assemble(incoming, model, version, files, document, calib_max_bytes)
             if final.exists() and self._same_or_broken(final, record):
                 return final
             os.replace(incoming, final)
