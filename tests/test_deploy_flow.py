@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import shutil
 import sys
+import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 from fixtures_http import NGINX, Nginx, Pki, make_pki, running_nginx
@@ -626,3 +629,38 @@ def test_a_build_error_ends_the_deployment_without_leaking_the_url(
     assert state.stage == stage and str(state.reason).startswith("building: "), state.reason
     assert PASSWORD not in json.dumps(host.states) and PASSWORD not in caplog.text
     assert deployer.store.versions(MODEL) == [] and host.promoted == [] and left_in(cfg.state_dir) == []
+
+
+def _calibration_archive(path: Path, members: dict[str, bytes]) -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path.name
+
+
+def test_a_calibration_archive_reaches_the_serving_versions_calibration_folder(
+    deployer: Deployer, host: fake_host, docs: Docs, cfg: DeployConfig, frames: list[np.ndarray]
+) -> None:
+    jpegs = {f"set/f{i}.jpg": cv2.imencode(".jpg", img)[1].tobytes() for i, img in enumerate(frames[:3])}
+    name = _calibration_archive(docs.www / "private" / "calib-ok.tar.gz", jpegs)
+    arts = {"onnx": docs.art("v2.onnx"), "labels": docs.art("coco.names"), "calibration": docs.art(name)}
+    state = run(deployer, json.dumps(docs.make("v2", artifacts=arts)).encode())
+    assert state.stage == "serving", state.reason
+    calib = cfg.state_dir / "models" / MODEL / "v2" / "calibration"
+    assert sorted(p.name for p in calib.iterdir()) == ["f0.jpg", "f1.jpg", "f2.jpg"]
+    assert (host.serving.calibration.source, host.serving.calibration.folder) == ("folder", calib)
+    assert left_in(cfg.state_dir) == []
+
+
+def test_a_hostile_calibration_archive_is_rejected_at_verifying_and_nothing_stays(
+    deployer: Deployer, host: fake_host, docs: Docs, cfg: DeployConfig
+) -> None:
+    name = _calibration_archive(docs.www / "private" / "calib-evil.tar.gz", {"../../escape.jpg": b"x"})
+    arts = {"onnx": docs.art("v2.onnx"), "labels": docs.art("coco.names"), "calibration": docs.art(name)}
+    state = run(deployer, json.dumps(docs.make("v2", artifacts=arts)).encode())
+    assert state.stage == "rejected" and "artifacts.calibration" in str(state.reason), state.reason
+    assert host.stages()[-2:] == ["verifying", "rejected"] and host.promoted == []
+    assert deployer.store.versions(MODEL) == [] and left_in(cfg.state_dir) == []
+    assert not list(cfg.state_dir.rglob("escape.jpg"))
