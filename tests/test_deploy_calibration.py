@@ -1,5 +1,5 @@
 """The `artifacts.calibration` archive (issue 37 point 4: INT8 from the artifact's calibration set): a tar of
-images or .npy tensors unpacked safely into the installed version's calibration/ folder, which
+images unpacked safely into the installed version's calibration/ folder, which
 effective_model makes the model's calibration source and the calibration code reads; every hostile or
 useless archive refused at install naming the field, nothing left in models/."""
 
@@ -102,14 +102,11 @@ def test_an_archive_of_images_becomes_the_versions_calibration_source(tmp_path: 
     assert first.shape[-2:] == (416, 416)  # preprocessed as inference does
 
 
-def test_an_archive_of_npy_tensors_unpacks_and_counts_its_samples(tmp_path: Path) -> None:
+def test_an_archive_of_npy_tensors_is_refused_the_agent_calibrates_from_images(tmp_path: Path) -> None:
     buf = io.BytesIO()
     np.save(buf, np.zeros((2, 3, 416, 416), np.float32))
-    archive = _tar(tmp_path / "c.tar", [("t0.npy", buf.getvalue()), ("t1.npy", buf.getvalue())])
-    folder = _install(tmp_path, archive)
-    eff = effective_model(_own(), folder)
-    data = calibration_data(Path(eff.calibration.folder), eff.format, Path(eff.onnx))
-    assert (data.kind, data.samples) == ("npy", 4)
+    archive = _tar(tmp_path / "c.tar", [("t0.npy", buf.getvalue())])
+    _refused(tmp_path, archive, ".npy tensors cannot calibrate")
 
 
 @pytest.mark.parametrize(
@@ -121,10 +118,10 @@ def test_an_archive_of_npy_tensors_unpacks_and_counts_its_samples(tmp_path: Path
         ([("ok.jpg", b"x"), _link("l.jpg", "/etc/passwd")], "not a regular file"),
         ([("ok.jpg", b"x"), _link("h.jpg", "ok.jpg", tarfile.LNKTYPE)], "not a regular file"),
         ([_link("dev.jpg", "", tarfile.CHRTYPE)], "not a regular file"),
-        ([("notes.txt", b"hello"), ("more.txt", b"world")], "neither an image"),
+        ([("notes.txt", b"hello"), ("more.txt", b"world")], "is not an image"),
         ([(".hidden.jpg", b"x")], "a name is"),
         ([("a/x.jpg", b"1"), ("b/x.jpg", b"2")], "two members are named"),
-        ([("x.jpg", b"1"), ("t.npy", b"2")], "both images and .npy"),
+        ([("x.jpg", b"1"), ("t.npy", b"2")], ".npy tensors cannot"),
         ([], "holds no files"),
     ],
 )

@@ -1,7 +1,11 @@
 """The `artifacts.calibration` archive unpacked into a version's calibration/ folder.
 
-The archive is a tar (plain, gzip or xz; detected by content) of images (agent.lifecycle.capture.IMAGE_EXTS)
-or of `.npy` tensors, never both. It comes from the network: only regular files are written, each under its
+The archive is a tar (plain, gzip or xz; detected by content) of images (agent.lifecycle.capture.IMAGE_EXTS):
+the agent's INT8 build captures its calibration and held-out frames from the folder as it does from
+`calibration.source: folder` (agent.lifecycle.capture), which reads images and preprocesses them as
+inference does. Preprocessed `.npy` tensors (what `edge-agent build --calib` also takes) are refused: the
+agent could not calibrate from them, and a deployment should fail at verifying, not at building.
+It comes from the network: only regular files are written, each under its
 own flat name (folders in the archive are flattened), with the count and the total unpacked size bounded
 before a byte is read. Links, devices, absolute paths, `..`, other file types, duplicate names: refused.
 Every refusal is a VerifyError naming `artifacts.calibration`; the caller removes the half-written folder.
@@ -55,12 +59,11 @@ def _data_filter(member: tarfile.TarInfo, dest: Path) -> None:
 def unpack_calibration(archive: Path, dest: Path, max_bytes: int, max_files: int = MAX_FILES) -> int:
     """Unpack the calibration `archive` into the new folder `dest` (created; the caller removes it on
     failure); every file fsynced. Returns the number of files. VerifyError naming artifacts.calibration
-    when the archive is not a tar, holds anything but images or .npy tensors, or exceeds the bounds."""
+    when the archive is not a tar, holds anything but images, or exceeds the bounds."""
     from agent.lifecycle.capture import IMAGE_EXTS
 
     dest.mkdir(mode=0o755)
     names: set[str] = set()
-    kinds: set[str] = set()
     total = members = 0
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -76,14 +79,15 @@ def unpack_calibration(archive: Path, dest: Path, max_bytes: int, max_files: int
                 name = _file_name(member)
                 _data_filter(member, dest)
                 suffix = PurePosixPath(name).suffix.lower()
-                if suffix != NPY and suffix not in IMAGE_EXTS:
+                if suffix == NPY:
                     raise _refuse(
-                        f"member {member.name[:120]!r} is neither an image ({', '.join(sorted(IMAGE_EXTS))}) "
-                        "nor a .npy tensor"
+                        f"member {member.name[:120]!r}: .npy tensors cannot calibrate the agent's build "
+                        "(it preprocesses images as inference does); give images"
                     )
-                kinds.add("npy" if suffix == NPY else "image")
-                if len(kinds) > 1:
-                    raise _refuse("holds both images and .npy tensors; give one kind")
+                if suffix not in IMAGE_EXTS:
+                    raise _refuse(
+                        f"member {member.name[:120]!r} is not an image ({', '.join(sorted(IMAGE_EXTS))})"
+                    )
                 if name in names:
                     raise _refuse(f"two members are named {name!r} (folders are flattened)")
                 names.add(name)

@@ -39,7 +39,7 @@ def assemble(
     calib_max_bytes: int = DEFAULT_CALIB_MAX_BYTES,
 ) -> dict[str, Any]:
     """Write the complete version folder `incoming` (not yet in its place): the staged files linked in (a
-    staged calibration file is the artifact's tar archive: unpacked, at most `calib_max_bytes`), their
+    staged calibration file is the artifact's tar of images: unpacked, at most `calib_max_bytes`), their
     sha256 and size checked against the document, document.json and record.json; all fsynced.
     Returns the record."""
     incoming.mkdir(mode=0o755)
