@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import cv2
@@ -34,7 +35,7 @@ def _jpeg(seed: int) -> bytes:
     return buf.tobytes()
 
 
-def _tar(path: Path, members: list[tarfile.TarInfo | tuple[str, bytes]], mode: str = "w") -> Path:
+def _tar(path: Path, members: Sequence[tarfile.TarInfo | tuple[str, bytes]], mode: str = "w") -> Path:
     with tarfile.open(path, mode) as tar:
         for m in members:
             if isinstance(m, tarfile.TarInfo):
