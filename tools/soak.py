@@ -127,13 +127,13 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def start_broker(out: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_broker(out: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
     exe = shutil.which("mosquitto") or next(
         (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()), None
     )
     if exe is None:
         raise RuntimeError("--start-broker: mosquitto is not installed (apt-get install mosquitto)")
-    port = free_port()
+    port = port or free_port()
     conf = out / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n")
     with (out / "mosquitto.log").open("ab") as log:
@@ -145,6 +145,22 @@ def start_broker(out: Path) -> tuple[subprocess.Popen[bytes], int]:
             raise RuntimeError(f"mosquitto did not start on port {port}: see {out / 'mosquitto.log'}")
         time.sleep(0.05)
     return proc, port
+
+
+class BrokerControl:
+    """The soak's own mosquitto, restartable on the same port (--chaos restarts it)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.proc, self.port = start_broker(out)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, 5.0)
+            self.proc = None
+
+    def start(self) -> None:
+        self.proc, _ = start_broker(self.out, self.port)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int | None, float]:
@@ -161,8 +177,10 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int | N
     return proc.returncode, time.monotonic() - t0
 
 
-def generated_config(args: argparse.Namespace, out: Path, host: str, port: int) -> dict[str, Any]:
-    cams = {
+def generated_config(
+    args: argparse.Namespace, out: Path, host: str, port: int, cams: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    cams = cams or {
         f"cam{i + 1}": {"url": str(ASSETS / "bikes.mp4"), "model": "detector", "fps": args.fps, "loop": True}
         for i in range(args.cameras)
     }
@@ -258,6 +276,16 @@ def sample(proc: Any, t_s: float, telemetry: Telemetry | None) -> dict[str, Any]
     return row
 
 
+def agent_log_errors(path: Path, keep: int = 20) -> dict[str, Any]:
+    """Error lines and tracebacks in the agent's log (the first ``keep`` of them, for the report)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {"count": None, "first": []}
+    bad = [ln for ln in lines if " ERROR " in ln or " CRITICAL " in ln or ln.startswith("Traceback")]
+    return {"count": len(bad), "first": bad[:keep]}
+
+
 # ---- output ----------------------------------------------------------------------------------------------
 def plot(samples: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     try:
@@ -324,7 +352,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--thread-tolerance", type=int, default=2, help="threads growth allowed (2)")
     p.add_argument("--require-telemetry", action="store_true", help="exit 2 when no telemetry arrived")
     p.add_argument("--python", default=sys.executable, help="python that runs the agent (default: this one)")
+    p.add_argument(
+        "--max-rss-drift-mb-h", type=float, default=None,
+        help="also fail when RSS grows faster than this after warm-up (least-squares slope, MB/h)",
+    )
+    p.add_argument(
+        "--chaos", action="store_true",
+        help="generated config with RTSP cameras (tools/rtsp_server.py) and faults: camera kills and "
+        "stops, broker restarts, reloads with zone changes, junk commands (tools/soak_chaos.py); "
+        "implies --start-broker",
+    )
+    p.add_argument(
+        "--chaos-every", type=float, default=90.0, help="--chaos: mean seconds between faults (90)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="--chaos: the fault schedule's seed (1)")
     args = p.parse_args(argv)
+    if args.chaos and args.config is not None:
+        p.error("--chaos generates its config: leave out --config")
+    args.start_broker = args.start_broker or args.chaos
     if args.interval <= 0 or args.duration < 3 * args.interval:
         p.error("need --interval > 0 and --duration >= 3 x --interval (three samples at least)")
     if args.config is None and args.cameras < 1:
@@ -342,11 +387,13 @@ def main(argv: list[str] | None = None) -> int:
 
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    broker: subprocess.Popen[bytes] | None = None
+    broker: BrokerControl | None = None
+    chaos: Any = None
     agent: subprocess.Popen[bytes] | None = None
     telemetry: Telemetry | None = None
     samples: list[dict[str, Any]] = []
     errors: list[str] = []
+    chaos_report: dict[str, Any] | None = None
     exit_code: int | None = None
     stop_s: float | None = None
     config_path: Path | None = None
@@ -355,13 +402,24 @@ def main(argv: list[str] | None = None) -> int:
             config_path = args.config.resolve()
         else:
             if args.start_broker:
-                broker, port = start_broker(out)
-                host = "127.0.0.1"
+                broker = BrokerControl(out)
+                host, port = "127.0.0.1", broker.port
             else:
                 host, _, port_text = args.broker.rpartition(":")
                 host, port = host or "127.0.0.1", int(port_text)
+            cams = None
+            if args.chaos:
+                sys.path.insert(0, str(REPO / "tools"))
+                from soak_chaos import Chaos
+
+                chaos = Chaos(out=out, cameras=args.cameras, every_s=args.chaos_every, seed=args.seed)
+                chaos.start_cameras()
+                cams = chaos.camera_config(args.fps)
+            generated = generated_config(args, out, host, port, cams)
             config_path = out / "agent.yaml"
-            config_path.write_text(yaml.safe_dump(generated_config(args, out, host, port), sort_keys=False))
+            config_path.write_text(yaml.safe_dump(generated, sort_keys=False))
+            if chaos is not None:
+                chaos.config, chaos.config_path, chaos.broker = generated, config_path, broker
         try:
             cfg = load_config(config_path)
         except ConfigError as exc:
@@ -386,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         proc = psutil.Process(agent.pid)
         proc.cpu_percent(None)
+        if chaos is not None:
+            chaos.agent_pid, chaos.prefix, chaos.device = agent.pid, cfg.mqtt.prefix, cfg.device_id
+            chaos.watch(cfg.mqtt.host, cfg.mqtt.port)
+            chaos.run()
         print(
             f"soak: agent pid {agent.pid} on {config_path}; warm-up {args.warmup:g} s, then "
             f"{args.duration:g} s sampled every {args.interval:g} s; log {log_path}",
@@ -409,8 +471,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"frame_age={row['frame_age_ms']}ms p95={row['latency_p95_ms']}ms",
                 flush=True,
             )
+        end = time.monotonic()
         if agent.poll() is not None:
             errors.append(f"the agent exited early with status {agent.returncode}: see {log_path}")
+        if chaos is not None:
+            chaos.stop()
+            chaos_report = chaos.report((start - chaos.t0, end - chaos.t0))
         exit_code, stop_s = stop_process(agent, 10.0)
         if not errors and exit_code != 0:
             errors.append(f"the agent did not stop cleanly on SIGTERM (status {exit_code}, {stop_s:.1f} s)")
@@ -419,10 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if agent is not None and agent.poll() is None:
             stop_process(agent, 5.0)
+        if chaos is not None:
+            chaos.stop()
         if telemetry is not None:
             telemetry.close()
         if broker is not None:
-            stop_process(broker, 5.0)
+            broker.stop()
 
     tolerance = {
         "rss_mb": args.rss_tolerance_mb,
@@ -431,6 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         "threads": float(args.thread_tolerance),
     }
     check = leak_check(samples, tolerance)
+    rss_slope = (check["metrics"].get("rss_mb") or {}).get("slope_per_min")
+    drift_h = None if rss_slope is None else round(rss_slope * 60.0, 2)
+    if args.max_rss_drift_mb_h is not None and drift_h is not None and drift_h > args.max_rss_drift_mb_h:
+        check["passed"] = False
+        check["problems"].append(
+            f"RSS drifts {drift_h} MB/h after warm-up (allowed {args.max_rss_drift_mb_h})"
+        )
+    log_errors = agent_log_errors(out / "agent.log")
     received = telemetry.received if telemetry is not None else 0
     if args.require_telemetry and received == 0:
         errors.append("no telemetry received over MQTT")
@@ -463,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
             "latency_p95_ms": spread(samples, "latency_p95_ms"),
             "cpu_percent": spread(samples, "cpu_percent"),
         },
+        "rss_drift_mb_per_h": drift_h,
+        "agent_log_errors": log_errors,
+        "chaos": chaos_report,
         "leak_check": {"passed": check["passed"], "problems": check["problems"]},
         "agent": {"exit_code": exit_code, "stop_s": None if stop_s is None else round(stop_s, 2)},
         "errors": errors,
@@ -475,6 +554,14 @@ def main(argv: list[str] | None = None) -> int:
             f"soak: {name}: {m['first']} -> {m['last']} (growth {m['growth']}, allowed {m['allowed']}, "
             f"slope {m['slope_per_min']}/min) {'ok' if m['ok'] else 'GROWS'}"
         )
+    print(f"soak: RSS drift after warm-up {drift_h} MB/h; agent log: {log_errors['count']} error lines")
+    if chaos_report is not None:
+        print(f"soak: faults {chaos_report['fault_counts']}")
+        for cam, r in chaos_report["cameras"].items():
+            print(
+                f"soak: {cam}: availability {r['availability']} ({r['availability_outside_outages']} outside "
+                f"{r['outages']} injected outages, {r['injected_down_s']} s), recovery {r['recovery_s']}"
+            )
     for problem in check["problems"] + errors:
         print(f"soak: {problem}", file=sys.stderr)
     print(f"soak: {result}; report {out / 'soak.json'}" + (f", plot {png}" if png else ""))
