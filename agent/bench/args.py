@@ -13,7 +13,7 @@ from pipelines.models.registry import formats
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # agent/assets
 SECTIONS = ("stages", "overhead", "sweep")  # the default
-KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode", "deploy")
+KNOWN_SECTIONS = (*SECTIONS, "readers", "tracking", "decode", "deploy", "fleet-cache", "fleet-rollout")
 
 
 @dataclass
@@ -50,6 +50,9 @@ class BenchOptions:
     shards: int = 1  # sweep and decode: the streams split over this many processes (agent/bench/shards.py)
     gpus: list[int] | None = None  # shard k on GPU gpus[k % len] (CUDA_VISIBLE_DEVICES)
     deploy_fps: float = 5.0  # deploy section: each of its two cameras' frame rate
+    fleet_agents: int = 0  # fleet sections: agents (0: the target's, 8 for fleet-cache, 10 for fleet-rollout)
+    fleet_precision: str = "fp32"  # fleet-cache: the precision of the model's TensorRT-RTX build
+    soak_s: float = 10.0  # fleet-rollout: each wave's soak
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,6 +158,14 @@ def _window_arguments(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="deploy section: frames per second of each of its two cameras (agent/bench/deploy.py)",
     )
+    p.add_argument(
+        "--fleet-agents",
+        type=int,
+        default=0,
+        help="fleet-cache / fleet-rollout: agents started (default 8 / 10; agent/bench/fleet_*.py)",
+    )
+    p.add_argument("--fleet-precision", choices=["fp32", "fp16"], default="fp32", help="fleet-cache's build")
+    p.add_argument("--soak", type=float, default=10.0, help="fleet-rollout: seconds each wave holds serving")
     p.add_argument("--log-level", default="warning")
 
 
@@ -205,6 +216,9 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         shards=args.shards,
         gpus=gpus,
         deploy_fps=args.deploy_fps,
+        fleet_agents=args.fleet_agents,
+        fleet_precision=args.fleet_precision,
+        soak_s=args.soak,
     )
 
 
@@ -224,6 +238,8 @@ def _check(args: argparse.Namespace, sections: tuple[str, ...], engine: str) -> 
         raise ValueError("--fps 0 (unpaced, saturation) needs camera readers: --decode, --decoder or --rtsp")
     if not args.deploy_fps > 0:
         raise ValueError(f"--deploy-fps: expected a number > 0, got {args.deploy_fps}")
+    if args.fleet_agents < 0 or not args.soak >= 0:
+        raise ValueError("--fleet-agents must be >= 0 and --soak >= 0")
     if args.shards < 1:
         raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
     if args.shards > 1 and args.flap:
