@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from agent.config.defaults import apply_camera_defaults
 from agent.config.deploy import deploy_file_problems
+from agent.config.engines import engines_file_problems
 from agent.config.env import expand_env
 from agent.config.errors import ConfigError
 from agent.config.messages import format_errors, joined, placed
@@ -62,7 +63,8 @@ def _parse(
         raise ConfigError(joined(lines, source)) from None
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
-    files = [f"{source}: {p}" for p in mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)]
+    found_files = mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)
+    files = [f"{source}: {p}" for p in found_files + engines_file_problems(cfg.engines)]
     files = [line for line in files if "${" not in line]  # a path with an unset variable: reported above
     if problems or found or files:
         # Only values the schema took: with an unset variable (its text), the config goes with the error so
@@ -104,6 +106,7 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
         mqtt_update["tls"] = tls.model_copy(update=files)
     update["mqtt"] = cfg.mqtt.model_copy(update=mqtt_update)
     update["deploy"] = cfg.deploy.resolved(rel)
+    update["engines"] = cfg.engines.resolved(rel)
     return cfg.model_copy(update=update)
 
 

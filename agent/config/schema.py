@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from agent.config.camera import CameraConfig, analytics_problems
 from agent.config.defaults import CameraDefaults
 from agent.config.deploy import DeployConfig
+from agent.config.engines import EnginesConfig
 from agent.config.errors import show
 from agent.config.impact import Impact
 from agent.config.model import ModelConfig, dla_problems
@@ -67,6 +68,8 @@ class AgentConfig(StrictModel):
     pipeline: Annotated[PipelineConfig, Impact.AGENT] = PipelineConfig()
     # Model deployments (agent.deploy); each key declares its own class (agent.config.deploy).
     deploy: DeployConfig = DeployConfig()
+    # The fleet's shared engine cache (agent.config.engines); each key declares its own class.
+    engines: EnginesConfig = EnginesConfig()
 
     @field_validator("device_id")
     @classmethod
