@@ -27,6 +27,9 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     panels = [p for p in panels if p is not _overhead or "overhead_ms" in report]
     if (report.get("deploy") or {}).get("runs"):
         panels.append(_deploy)
+    from agent.bench.fleet_plot import fleet_panels
+
+    panels += fleet_panels(report)
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)

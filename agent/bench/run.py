@@ -110,6 +110,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 report["isolation"] = isolation(report["runs"], opts)
         if "deploy" in opts.sections:
             report["deploy"] = _deploy(opts, ort)
+        report.update(_fleet(opts, ort))
     finally:
         ort.close()
     report["summary"] = _summary(report)
@@ -127,12 +128,37 @@ def _deploy(opts: BenchOptions, ort: OrtBackend) -> dict[str, Any]:
     return deploy_section(opts)
 
 
-def _summary(report: dict[str, Any]) -> str:
-    if "deploy" not in report:
-        return summary(report)
-    from agent.bench.deploy import deploy_summary
+def _fleet(opts: BenchOptions, ort: OrtBackend) -> dict[str, Any]:
+    """The fleet sections: they start mosquitto, docker-registry, nginx and N agents (agent/bench/fleet_*)."""
+    out: dict[str, Any] = {}
+    if "fleet-cache" in opts.sections:
+        from agent.bench.fleet_cache import fleet_cache_section
 
-    return (summary(report) + "\n" + deploy_summary(report["deploy"])).strip()
+        ort.close()
+        out["fleet_cache"] = fleet_cache_section(opts)
+    if "fleet-rollout" in opts.sections:
+        from agent.bench.fleet_rollout import fleet_rollout_section
+
+        ort.close()
+        out["fleet_rollout"] = fleet_rollout_section(opts)
+    return out
+
+
+def _summary(report: dict[str, Any]) -> str:
+    lines = [summary(report)]
+    if "deploy" in report:
+        from agent.bench.deploy import deploy_summary
+
+        lines.append(deploy_summary(report["deploy"]))
+    if "fleet_cache" in report:
+        from agent.bench.fleet_cache import fleet_cache_summary
+
+        lines.append(fleet_cache_summary(report["fleet_cache"]))
+    if "fleet_rollout" in report:
+        from agent.bench.fleet_rollout import fleet_rollout_summary
+
+        lines.append(fleet_rollout_summary(report["fleet_rollout"]))
+    return "\n".join(x for x in lines if x).strip()
 
 
 def _grafted(opts: BenchOptions, spec: ModelSpec) -> ModelSpec:
