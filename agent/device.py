@@ -167,6 +167,7 @@ class Device(Generic[R]):
             "started_at": self.started_at,
             "cameras_up": up,
             "cameras_total": total,
+            "groups": list(self.cfg.mqtt.groups),  # fleet rollouts find a group's devices by it
             **self.runtime.status_fields(),
         }
         if self.last_reload is not None:
@@ -182,6 +183,7 @@ class Device(Generic[R]):
             "started_at": self.started_at,
             "cameras_up": 0,
             "cameras_total": self.runtime.cameras_total(),
+            "groups": list(self.cfg.mqtt.groups),
         }
 
     def _status_extra(self) -> str:

@@ -1,4 +1,5 @@
-"""`edge-agent fleet status`: the agents on a broker, from its retained messages (agent.mqtt.fleet)."""
+"""`edge-agent fleet status`: the agents on a broker, from its retained messages (agent.mqtt.fleet);
+`fleet deploy` and `fleet rollouts`: agent/cli/fleet_rollout.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from agent.cli import fleet_rollout
 from agent.cli.argtypes import port, seconds
 from agent.config import load_config
 
@@ -35,6 +37,7 @@ def add_parsers(sub: Any) -> None:
         "--json", action="store_true", help="a JSON array, one object per agent, instead of the table"
     )
     fs.set_defaults(func=cmd_fleet_status)
+    fleet_rollout.add_parsers(fl_sub)  # deploy (a rollout in waves), rollouts [ID]
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
