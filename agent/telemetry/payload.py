@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.telemetry.engine_cache import ENGINE_CACHE
 from agent.telemetry.fields import FIELDS
 from agent.telemetry.process import gpu_stats, process_stats
 from agent.telemetry.spec import UNSET, Field
@@ -38,6 +39,7 @@ def build_telemetry(
     process: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
     mqtt: Mapping[str, Any] | None = None,
+    engine_cache: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields of an ``edge-agent/telemetry/1`` payload (pass to ``topics.payload("telemetry", **d)``).
 
@@ -45,7 +47,8 @@ def build_telemetry(
     filled in, extra keys kept); stages: from ``StageWindow.summary()`` (its latency ``histograms`` ride
     along on ``fields["stages"]`` for ``Metrics``, outside the payload); backend: a name or {model: name};
     process/gpu: read now when None; mqtt: ``MqttClient.stats()`` and the command counts (the declared
-    ``mqtt`` keys are published, the rest not).
+    ``mqtt`` keys are published, the rest not); engine_cache: the cache's counters (read now when None:
+    this process's, agent.telemetry.engine_cache).
     """
     row_defaults = defaults("cameras.{camera}")
     mq = mqtt or {}
@@ -60,4 +63,5 @@ def build_telemetry(
         "process": dict(process_stats() if process is None else process),
         "gpu": dict(gpu_stats() if gpu is None else gpu),
         "mqtt": {key: _copy(mq.get(key, default)) for key, default in defaults("mqtt").items()},
+        "engine_cache": dict(ENGINE_CACHE.snapshot() if engine_cache is None else engine_cache),
     }
