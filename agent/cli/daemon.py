@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
 from agent.device import Device
+from agent.memtrace import install_from_env
 from agent.runtime.local import LocalRuntime
 from agent.service.notify import Notifier
 from agent.shards.placement import ShardPlan
@@ -26,6 +27,7 @@ def local_device(
     notifier: Notifier | None = None,
 ) -> Device[LocalRuntime]:
     """A device running its pipeline in this process (`console`: the config's when None)."""
+    install_from_env()  # EDGE_AGENT_TRACEMALLOC (tools/memtrace.py); nothing when unset
     notifier = notifier or Notifier()
     runtime = LocalRuntime(cfg, console=console, notifier=notifier)
     return Device(cfg, runtime, config_path=config_path, notifier=notifier, quiet_mqtt=quiet_mqtt)
@@ -40,6 +42,7 @@ def sharded_device(
     notifier: Notifier | None = None,
 ) -> Device[ShardedRuntime]:
     """A device supervising pipeline shards placed by `plan`."""
+    install_from_env()
     from agent.shards.sharded import ShardedRuntime
 
     notifier = notifier or Notifier()
