@@ -30,7 +30,7 @@ pair first. The three stages run as one greedy matching on IoU plus a stage bonu
 for stage 3, 0 for stage 4), which takes every pair of an earlier stage before any of a later one: the
 same pairs as the stages one after the other, in one pass. The greedy matching itself is computed in
 rounds of mutually-best pairs (``greedy_match``). ``match="optimal"`` runs the stages with the
-Hungarian method instead (scipy; for the benchmark's comparison: README "Tracking, zones and events").
+Hungarian method instead (scipy; for the benchmark's comparison: docs/BENCHMARKS.md "Which tracker").
 
 Kalman filter: state (cx, cy, w, h) and their velocities, noise proportional to the box size (ByteTrack's
 weights; the width for x and w, the height for y and h, as BoT-SORT does). With diagonal initial, process

@@ -418,8 +418,9 @@ def test_example_config_names_no_reachable_host_and_passes_check_config(tmp_path
     assert rc == 0 and err == "", err
 
 
-def test_readme_names_no_private_address() -> None:
-    text = (REPO / "README.md").read_text()
+@pytest.mark.parametrize("doc", ["README.md", "docs/BENCHMARKS.md"])
+def test_readme_names_no_private_address(doc: str) -> None:
+    text = (REPO / doc).read_text()
     assert PRIVATE.findall(text) == []
     for host in re.findall(r"(?:host:|--mqtt-host|address|@)\s*([A-Za-z][\w.-]*\.[a-z]+)\b", text):
         assert host.endswith(".example") or host == "localhost", host
@@ -463,7 +464,7 @@ def test_readme_fleet_json_is_what_fleet_status_prints(mqtt_broker: Broker) -> N
 
 def test_readme_documents_the_config_keys_it_was_missing() -> None:
     text = (REPO / "README.md").read_text()
-    table = text[text.index("## Configuration") : text.index("## MQTT")]
+    table = text[text.index("## Configuration reference") : text.index("## Cameras")]
     for key in ("`mqtt.enabled`", "`cameras.C.enabled`", "`log_level`", "`models.M.calibration.folder`"):
         assert f"| {key}" in table, key
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reproduce the README precision table: precision x method -> agreement with FP32 and ORT CPU latency.
+"""Reproduce docs/BENCHMARKS.md's precision table: precision x method -> agreement with FP32, ORT latency.
 
     .venv/bin/python tools/precision_report.py [--samples 100] [--held-out 40] [--out report.json]
 

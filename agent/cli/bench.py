@@ -12,7 +12,7 @@ def add_parsers(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="pipeline benchmark: stages, agent overhead, streams x batch sweep (JSON report + plot)",
-        description="trtexec-like benchmark of the whole pipeline; see agent/bench/ and README (Benchmark)",
+        description="trtexec-like benchmark of the whole pipeline; see agent/bench/ and docs/BENCHMARKS.md",
     )
     from agent.bench.args import add_arguments  # light: the benchmark itself loads only when it runs
 

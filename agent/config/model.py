@@ -28,7 +28,7 @@ class CalibrationConfig(StrictModel):
     source: Literal["cameras", "folder"] = "cameras"
     folder: ConfigPath | None = None
     samples: int = Field(500, gt=0, le=100_000)
-    # minmax by default: measured best on the bundled detector (README precision table).
+    # minmax by default: measured best on the bundled detector (docs/BENCHMARKS.md, precision table).
     method: Literal["entropy", "minmax", "percentile"] = "minmax"
     # At most one frame per camera per interval, so the frames span minutes of scene change.
     interval_s: float = Field(1.0, gt=0, le=86400)
