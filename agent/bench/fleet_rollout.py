@@ -30,6 +30,7 @@ from agent.bench.fleet_rig import FleetListener, start_agents, stop_agents
 MODEL, PREFIX, KEY_ID = "detector", "rolloutbench", "bench"
 CAMERA_FPS = 2.0  # per agent: N agents share the machine; the gate and shadow need only a few frames
 GATE_FRAMES = 10
+SHADOW_LATENCY_RATIO = 5.0
 CLI_TIMEOUT_S = 900.0
 
 
@@ -51,7 +52,9 @@ def agent_config(work: Path, i: int, opts: BenchOptions, mqtt_port: int, public_
             "state_dir": str(work / device / "state"),
             "watch_s": 0,
             "gate": {"frames": GATE_FRAMES},
-            "shadow": {"frames": GATE_FRAMES},
+            # The candidate shares this CPU with the serving model and N-1 other agents (on a GPU it does
+            # not): its latency ratio measures the machine's load, not the version.
+            "shadow": {"frames": GATE_FRAMES, "max_latency_ratio": SHADOW_LATENCY_RATIO},
         },
     }
 
@@ -115,9 +118,15 @@ def _rollouts(listener: FleetListener, since: float) -> dict[str, Any]:
 
 
 def timeline(listener: FleetListener, devices: list[str], t0: float) -> dict[str, list[list[Any]]]:
-    """Per device: [seconds from t0, stage, version] of each deployment state received since t0."""
-    return {d: [[round(t - t0, 2), s.get("stage"), s.get("version")] for t, s in
-                listener.deployment_states(d) if t >= t0] for d in devices}
+    """Per device: [seconds from t0, stage, version] of each change of stage received since t0 (progress
+    updates within a stage left out)."""
+    out: dict[str, list[list[Any]]] = {}
+    for d in devices:
+        rows = out[d] = []
+        for t, s in listener.deployment_states(d):
+            if t >= t0 and (not rows or rows[-1][1:] != [s.get("stage"), s.get("version")]):
+                rows.append([round(t - t0, 2), s.get("stage"), s.get("version")])
+    return out
 
 
 def serving_version(listener: FleetListener, device: str) -> str | None:
@@ -141,10 +150,14 @@ def one_rollout(listener: FleetListener, devices: list[str], doc: Path, port: in
     time.sleep(1.0)  # the last retained states on their way
     tl = timeline(listener, devices, t0)
     touched = [d for d in devices if any(v == version for _, _, v in tl[d])]
+    retained = _rollouts(listener, t0)
+    last = next(iter(retained.values()), {}) if len(retained) == 1 else {}
     return {
         "version": version,
         "cli": cli,
-        "rollouts": _rollouts(listener, t0),
+        "status": last.get("status") if isinstance(last, dict) else None,
+        "halted_reason": last.get("halted_reason") if isinstance(last, dict) else None,
+        "rollouts": retained,
         "timeline": tl,
         "touched": touched,
         "untouched": [d for d in devices if d not in touched],
@@ -196,10 +209,13 @@ def fleet_rollout_summary(section: dict[str, Any]) -> str:
     n = section["agents"]
     on_good = sum(v == good["version"] for v in good["serving"].values())
     kept = sum(v == good["version"] for v in bad["serving"].values())
+
+    def run(r: dict[str, Any]) -> str:
+        return f"{r['version']} {r['status']} (exit {r['cli']['rc']}) in {r['cli']['seconds']:.0f} s"
+
     return (
-        f"fleet rollout, {n} agents, canary 1 then batches of 3, soak {section['soak_s']:g} s: "
-        f"{good['version']} exit {good['cli']['rc']} in {good['cli']['seconds']:.0f} s, {on_good}/{n} "
-        f"serving it; broken {bad['version']} exit {bad['cli']['rc']} in {bad['cli']['seconds']:.0f} s, "
-        f"touched {len(bad['touched'])} ({', '.join(bad['touched'])}), {len(bad['untouched'])} untouched, "
-        f"{kept}/{n} serving {good['version']} after"
+        f"fleet rollout, {n} agents, canary 1 then batches of 3, soak {section['soak_s']:g} s: {run(good)}, "
+        f"{on_good}/{n} serving it; broken {run(bad)}, touched {len(bad['touched'])} "
+        f"({', '.join(bad['touched'])}), {len(bad['untouched'])} untouched, {kept}/{n} serving "
+        f"{good['version']} after"
     )
