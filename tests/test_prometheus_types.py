@@ -275,7 +275,7 @@ def test_default_process_and_python_collectors_are_served(served: tuple[Metrics,
 def _readme_table() -> dict[str, str]:
     """{metric: type} of README's "Telemetry fields" table (field, unit, shards, metric, type, ...)."""
     text = (REPO / "README.md").read_text()
-    section = text.split("\n### Telemetry fields\n", 1)[1].split("\n### ", 1)[0]
+    section = re.split(r"\n##+ ", text.split("\n### Telemetry fields\n", 1)[1], maxsplit=1)[0]
     row = r"^\| `[^`]+` \| [^|]* \| [^|]* \| `(edge_agent_\w+)` \| (counter|gauge|histogram) \|"
     return dict(re.findall(row, section, re.M))
 
