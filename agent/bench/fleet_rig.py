@@ -42,7 +42,7 @@ def registry(workdir: Path) -> Service:
 def registry_traffic(log: Path, data: Path) -> dict[str, int]:
     """What the registry moved: bytes of blobs it served (GET 200, from its access log) and the bytes of
     the blobs it stores (each pushed once: a tag that exists is never pushed over)."""
-    served = requests = 0
+    served = requests = manifests_put = 0
     for line in log.read_text(errors="replace").splitlines():
         m = _ACCESS.search(line)
         if m is None:
@@ -50,8 +50,10 @@ def registry_traffic(log: Path, data: Path) -> dict[str, int]:
         requests += 1
         if m.group(1) == "GET" and "/blobs/" in m.group(2) and m.group(3) == "200" and m.group(4) != "-":
             served += int(m.group(4))
+        manifests_put += m.group(1) == "PUT" and "/manifests/" in m.group(2) and m.group(3) == "201"
     stored = sum(p.stat().st_size for p in (data / "docker" / "registry" / "v2" / "blobs").rglob("data"))
-    return {"bytes_pulled": served, "bytes_stored": stored, "requests": requests}
+    return {"bytes_pulled": served, "bytes_stored": stored, "manifests_pushed": manifests_put,
+            "requests": requests}
 
 
 def start_agents(configs: list[Path], logs: Path) -> list[Agent]:
