@@ -64,6 +64,7 @@ class Runner:
         self.clock, self.poll_s = clock, poll_s
         self._marks: dict[str, int | None] = {}  # device -> states/answers count after this seq (None: any)
         self._saved = 0.0
+        self._wave_start = clock()
 
     # ---- the whole rollout ---------------------------------------------------------------------------
     def run(self, deadline: float | None = None) -> Rollout:
@@ -106,6 +107,7 @@ class Runner:
     def _wave(self, devices: list[str], deadline: float | None) -> bool:
         """Until every device of the wave is over (after a halt: those in flight); False at `deadline`."""
         r = self.r
+        self._wave_start = self.clock()
         while True:
             now = self.clock()
             for device in devices:
@@ -130,9 +132,11 @@ class Runner:
         online, since = self.bus.online(rec.device)
         seen = self.bus.deployment(rec.device)
         answer = self.bus.answer(rec.device, "deploy", self.r.request_id, mark) if mark is not None else None
+        # Offline time counts from its wave's start (pending) or from the command (sent), not from before.
+        start = self._wave_start if rec.stage == PENDING else (rec.sent_at or self._wave_start)
         obs = Observation(
             online=online,
-            offline_for=0.0 if online else max(0.0, now - since),
+            offline_for=0.0 if online else max(0.0, now - max(since, start)),
             state=None if seen is None else seen.body,
             state_new=seen is not None and (mark is None or seen.seq > mark),
             answer=None if answer is None else answer.body,
