@@ -70,6 +70,9 @@ OPTIONAL_BUILD_SPEC: dict[str, tuple[tuple[type, ...], bool]] = {
     "refused_at_load": ((dict,), True),
     # Built on a Jetson (issue 35): {nvpmodel {name, id}, clocks_locked, clocks} (engines.build.power).
     "jetson": ((dict,), True),
+    # The compatibility key the build was made for (engines.build.compat.BuildSpec.key; the file's name in
+    # the store): a manifest pulled from the shared engine cache must record the tag it was found under.
+    "key": (_STR, False),
 }
 
 
@@ -97,6 +100,7 @@ class BuildInfo:
     dla: dict[str, Any] | None = None
     refused_at_load: dict[str, Any] | None = None
     jetson: dict[str, Any] | None = None
+    key: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know: kept as read
     key_order: tuple[str, ...] = ()  # the JSON keys as read: written back in that order
 
@@ -136,6 +140,11 @@ class Manifest:
     @property
     def key(self) -> str | None:
         return self.path.stem if self.path else None
+
+    @property
+    def recorded_key(self) -> str | None:
+        """The key written into the manifest by its build (None: built before builds recorded it)."""
+        return self.build.key
 
     def to_dict(self) -> dict[str, Any]:
         return {

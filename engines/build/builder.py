@@ -276,6 +276,7 @@ def _manifest(
                 "agent_version": agent_version,
                 "plan_sha256": hashlib.sha256(plan).hexdigest(),
                 **described,
+                "key": spec.key,
             }
         ),
         validation=None,

@@ -1,0 +1,191 @@
+"""A real OCI registry (CNCF Distribution, `docker-registry` from apt) per test, and a slow TCP proxy.
+
+    with running_registry(tmp_path) as reg:                       # plain HTTP on 127.0.0.1:free port
+        reg.url("site/engines")                                   # "oci://127.0.0.1:PORT/site/engines"
+        reg.stop(); reg.start()                                   # down and back on the same port
+        reg.blob_file("sha256:...")                               # the blob's file in the storage folder
+    with running_registry(tmp_path, pki=make_pki(...), users={"u": "p"}) as reg:  # TLS + htpasswd
+    with slow_proxy(reg.port, delay_s=30) as port:                # answers only after delay_s
+
+htpasswd: Distribution accepts bcrypt hashes only; they are made with the `bcrypt` package (a test
+dependency: apache2-utils' htpasswd is not needed). Every process is stopped in `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+from fixtures_http import Pki
+from fixtures_mqtt import free_port, port_open
+
+DOCKER_REGISTRY = shutil.which("docker-registry") or next(
+    (p for p in ("/usr/bin/docker-registry",) if Path(p).exists()), None
+)
+
+
+class DockerRegistry:
+    """docker-registry serving `workdir/storage` on 127.0.0.1:port; start/stop/kill/start on the same port."""
+
+    def __init__(
+        self, workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None
+    ) -> None:
+        if DOCKER_REGISTRY is None:
+            raise RuntimeError("docker-registry is not installed (apt-get install docker-registry)")
+        self.workdir = workdir
+        self.port = free_port()
+        self.storage = workdir / "storage"
+        self.log = workdir / "registry.log"
+        self.conf = workdir / "registry.yml"
+        self.tls = pki is not None
+        lines = [
+            "version: 0.1",
+            "log: {level: warn, accesslog: {disabled: true}}",
+            f"storage: {{filesystem: {{rootdirectory: '{self.storage}'}}, delete: {{enabled: true}},",
+            "  maintenance: {uploadpurging: {enabled: false}}}",
+            f"http: {{addr: '127.0.0.1:{self.port}', secret: edge-agent-test"
+            + ("" if pki is None else f", tls: {{certificate: '{pki.server_cert}', key: '{pki.server_key}'}}")
+            + "}",
+        ]
+        if users:
+            htpasswd = workdir / "htpasswd"
+            htpasswd.write_text(
+                "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(4)).decode()}\n"
+                        for u, p in users.items())
+            )
+            lines.append(f"auth: {{htpasswd: {{realm: edge-agent-test, path: '{htpasswd}'}}}}")
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, repository: str = "site/engines", query: str = "") -> str:
+        return f"oci://127.0.0.1:{self.port}/{repository}{query}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.running:
+            return
+        if port_open(self.port):
+            raise RuntimeError(f"port {self.port} already accepts connections before the registry started")
+        assert DOCKER_REGISTRY is not None
+        with self.log.open("ab") as logf:
+            self.proc = subprocess.Popen([DOCKER_REGISTRY, "serve", str(self.conf)], stdout=logf, stderr=logf)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"docker-registry exited with {self.proc.returncode}: {self.log_tail()}")
+            if port_open(self.port):
+                return
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(
+            f"docker-registry did not listen on {self.port} within {timeout} s: {self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def blob_file(self, digest: str) -> Path:
+        """Where the filesystem driver keeps blob `digest` (the registry serves it without re-checking)."""
+        hexa = digest.removeprefix("sha256:")
+        return self.storage / "docker/registry/v2/blobs/sha256" / hexa[:2] / hexa / "data"
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def running_registry(
+    workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None
+) -> Iterator[DockerRegistry]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    reg = DockerRegistry(workdir, pki=pki, users=users)
+    try:
+        reg.start()
+        yield reg
+    finally:
+        reg.kill()
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[DockerRegistry]:
+    """A plain-HTTP registry on loopback (the engine cache's default transport there)."""
+    with running_registry(tmp_path / "registry") as reg:
+        yield reg
+
+
+# -- a slow proxy -----------------------------------------------------------------------------------------
+def _pipe(src: socket.socket, dst: socket.socket, delay_s: float, stopping: threading.Event) -> None:
+    """Forward src -> dst, each chunk only after `delay_s` (a registry that answers, but too late)."""
+    with contextlib.suppress(OSError):
+        while not stopping.is_set():
+            data = src.recv(65536)
+            if not data or stopping.wait(delay_s):
+                break
+            dst.sendall(data)
+    for s in (src, dst):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def slow_proxy(upstream_port: int, delay_s: float) -> Iterator[int]:
+    """A TCP proxy on a free 127.0.0.1 port to `upstream_port` that holds every answer for `delay_s`."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stopping = threading.Event()
+    sockets: list[socket.socket] = []
+
+    def accept() -> None:
+        while not stopping.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", upstream_port))
+            sockets.extend((client, upstream))
+            threading.Thread(target=_pipe, args=(client, upstream, 0.0, stopping), daemon=True).start()
+            threading.Thread(target=_pipe, args=(upstream, client, delay_s, stopping), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stopping.set()
+        thread.join(5)
+        listener.close()
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.close()
