@@ -117,6 +117,12 @@ def test_files_are_read_at_load_naming_the_key_never_the_content(tmp_path: Path,
     lines = refused(tmp_path, f"  cache: {CACHE}\n  signing_key: keys/dev1.pub\n  signing_key_id: dev1\n"
                     "  trusted_keys: {dev1: keys/dev1.pub}\n")
     assert lines == [f"engines.signing_key: {pub}: not a PEM private key"]
+    # A login file that is not {"username", "password"} JSON is named; its content never shown.
+    creds = tmp_path / "creds.json"
+    creds.write_text(f'{{"user": "{MARK}"}}')
+    lines = refused(tmp_path, f"  cache: {CACHE}\n  push: false\n  trusted_keys: {{dev1: keys/dev1.pub}}\n"
+                    "  credentials_file: creds.json\n")
+    assert len(lines) == 1 and lines[0].startswith(f"engines.credentials_file: {creds}: must be "), lines
     # Without a cache nothing is read: the section may be prepared before the registry exists.
     cfg = load(tmp_path, "  trusted_keys: {gone: nowhere.pub}\n")
     assert cfg.engines.trusted_keys["gone"] == tmp_path / "nowhere.pub"

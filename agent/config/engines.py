@@ -16,15 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import Field, field_validator, model_validator
 
 from agent.config.files import file_problem
 from agent.config.impact import Impact
-from agent.config.keys import KeyFileError, key_id_problem, public_key_problem, read_key_file
+from agent.config.keys import KeyFileError, key_id_problem, public_key_problem, read_private_key
 from agent.config.strict import ConfigPath, StrictModel
+from engines.cache.errors import CacheUnavailable
+from engines.cache.ref import parse_cache_url
 
 MAX_TRUSTED_KEYS = 64
 MAX_URL = 1024
@@ -40,10 +39,6 @@ def cache_url_problem(url: str) -> str | None:
     if "@" in rest.split("/", 1)[0]:
         return "credentials do not belong in the URL (it is logged): put them in engines.credentials_file"
     try:
-        from engines.cache.ref import parse_cache_url
-    except ImportError:  # the cache client is not installed with this build: the scheme check stands
-        return None
-    try:
         parse_cache_url(url)
     except ValueError as exc:
         return str(exc).replace(url, "the URL")[:300]
@@ -53,17 +48,9 @@ def cache_url_problem(url: str) -> str | None:
 def private_key_problem(path: Path) -> str | None:
     """Why `path` is not a readable unencrypted PEM ed25519 private key, or None (never its content)."""
     try:
-        data = read_key_file(path, "private key")
+        read_private_key(path)
     except KeyFileError as exc:
         return exc.reason.removeprefix(f"private key {path}: ")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:  # cryptography: a password is needed
-        return "is encrypted (a key without a passphrase is needed)"
-    except (ValueError, UnsupportedAlgorithm):
-        return "not a PEM private key"
-    if not isinstance(key, Ed25519PrivateKey):
-        return f"not an ed25519 key ({type(key).__name__.lstrip('_')})"
     return None
 
 
@@ -72,8 +59,7 @@ class EnginesConfig(StrictModel):
     cache: Annotated[str | None, Impact.LIVE] = None
     # Push what this device built (and its gate passed) for the others; false: pull only.
     push: Annotated[bool, Impact.LIVE] = True
-    # The registry's user and password, as a Docker-style {"username", "password"} JSON file (H-cache's
-    # client reads it); read at every build, never logged.
+    # The registry's login (engines.cache.registry reads it: the format is in docs/DESIGN.md); never logged.
     credentials_file: Annotated[ConfigPath | None, Impact.LIVE] = None
     ca_file: Annotated[ConfigPath | None, Impact.LIVE] = None  # PEM CA(s) of a registry with its own CA
     # This device's ed25519 private key (PEM, `edge-agent keys generate`) and the id the others trust it as:
@@ -167,9 +153,9 @@ def engines_file_problems(engines: EnginesConfig) -> list[str]:
         if problem is not None:
             problems.append(f"engines.signing_key: {engines.signing_key}: {problem}")
     if engines.credentials_file is not None:
-        problem = file_problem(engines.credentials_file)
+        problem = _credentials_problem(engines.credentials_file)
         if problem is not None:
-            problems.append(f"engines.credentials_file: {engines.credentials_file}: {problem}")
+            problems.append(f"engines.credentials_file: {problem}")
     if engines.ca_file is not None:
         problem = _ca_problem(engines.ca_file)
         if problem is not None:
@@ -187,4 +173,18 @@ def _ca_problem(path: Path) -> str | None:
         return "not a PEM CA certificate"
     except OSError as exc:
         return f"cannot read ({exc.strerror or exc})"
+    return None
+
+
+def _credentials_problem(path: Path) -> str | None:
+    """Why the registry login file cannot be used ('{path}: ...'), never what it holds."""
+    problem = file_problem(path)
+    if problem is not None:
+        return f"{path}: {problem}"
+    from engines.cache.registry import read_credentials  # the registry client (oras): only where used
+
+    try:
+        read_credentials(path)
+    except CacheUnavailable as exc:
+        return exc.reason.removeprefix("credentials file ")
     return None
