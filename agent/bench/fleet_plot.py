@@ -47,19 +47,22 @@ def _broken(ax: Any, report: dict[str, Any]) -> None:
 
 
 def _timeline(ax: Any, run: dict[str, Any], what: str) -> None:
-    """Each device's stages as bars from one state's time to the next (the last one 1 s wide)."""
+    """Each device's stages as bars from one state's time to the next (the last one to the CLI's end)."""
     devices = sorted(run["timeline"])
     seen: set[str] = set()
     for y, device in enumerate(devices):
         states = run["timeline"][device]
+        if not states:
+            ax.text(0.2, y, "no state of this version: untouched", va="center", fontsize="small")
         for k, (t, stage, _version) in enumerate(states):
-            end = states[k + 1][0] if k + 1 < len(states) else t + 1.0
+            end = states[k + 1][0] if k + 1 < len(states) else max(t + 0.5, run["cli"]["seconds"])
             label = stage if stage not in seen else None
             seen.add(stage)
             ax.barh(y, max(end - t, 0.2), left=t, color=STAGE_COLOURS.get(stage, "C7"), label=label)
     ax.set_yticks(list(range(len(devices))), devices)
-    ax.invert_yaxis()
+    ax.set_ylim(len(devices) - 0.5, -0.5)  # the first device on top, room for the last one's text
+    ax.set_xlim(left=0)
     ax.set_xlabel("seconds from `fleet deploy`")
     ax.set_title(f"{what} {run['version']}: exit {run['cli']['rc']}, {len(run['touched'])} touched",
                  fontsize="small")
-    ax.legend(fontsize="x-small", loc="lower right")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
