@@ -20,7 +20,9 @@ How a claim is decided (every device that takes part sees the same claims, so al
 2. another device's unexpired claim wins already: False, nothing published;
 3. otherwise publish ours (retained, QoS 1), wait until it comes back through the subscription (every claim
    the broker took before ours has then arrived too), then `settle_s` more for claims racing ours;
-4. the winner rule decides; a loser releases its claim at once (the retained state converges on one).
+4. the winner rule decides; a loser releases its claim at once (the retained state converges on one). A
+   device that stalled between looking and publishing concedes to a rival whose claim reached the broker
+   more than settle_s before its own (that rival may have decided without seeing it).
 Exactly one winner as long as the devices' clocks agree within `settle_s` (NTP does); beyond that two may
 build, which costs a build, never an engine: a push never overwrites a tag.
 
@@ -85,6 +87,7 @@ class BuildClaims:
         self._settings = settings
         self._cond = threading.Condition()
         self._views: dict[str, dict[str, Claim]] = {}  # key -> device -> its claim (watched keys only)
+        self._arrived: dict[tuple[str, str], float] = {}  # (key, device) -> when its claim first came
         self._ready: set[str] = set()  # keys whose retained claims have all arrived on this connection
         self._barriers: dict[int, str] = {}  # UNSUBSCRIBE mid -> key (sent from the network thread)
         self._acks: dict[tuple[str, int], Any] = {}  # ("sub" | "unsub" | "pub", mid) -> reason code(s)
@@ -179,22 +182,27 @@ class BuildClaims:
             stale_own = key in self._views and self.device in self._views[key]
         if current is not None and current.device != self.device:
             if stale_own:
-                self._send_release(key)  # an old claim of ours (a previous run) must not linger
+                self.release(key)  # an old claim of ours (a previous run) must not linger
             return False
         # Our own live claim (this device restarted mid-build) keeps its place in the order.
         mine = Claim(self.device, key, current.claimed_at if current else now, now + self.ttl_s)
         echoed_at = self._publish(mine, wait=True)
         time.sleep(self.settle_s)  # claims that raced ours reach us within this
         with self._cond:
-            others = [c for d, c in self._views[key].items() if d != self.device and c.live(self.clock())]
-            first = winner([*others, mine], self.clock())
-        late = echoed_at - now > self.settle_s  # ours took so long that a rival may have decided already
-        if first is mine and not (late and others):
+            now = self.clock()
+            others = [c for d, c in self._views[key].items() if d != self.device and c.live(now)]
+            first = winner([*others, mine], now)
+            # A rival at the broker settle_s before ours (we stalled before publishing) may have decided
+            # without seeing ours: it builds, we concede even where the rule would favour us.
+            overtaken = any(
+                echoed_at - self._arrived.get((key, c.device), echoed_at) > self.settle_s for c in others
+            )
+        if first is mine and not overtaken:
             with self._cond:
                 self._held[key] = mine
             log.info("build claim %s: this device builds (renewed every %.0f s)", key, self.ttl_s / 3)
             return True
-        self._send_release(key)
+        self.release(key)  # conceded: acknowledged before we answer
         return False
 
     def holder(self, key: str) -> str | None:
@@ -346,10 +354,14 @@ class BuildClaims:
             view = self._views.get(key)
             if view is None:
                 return
+            before = view.get(device)
             if claim is None:  # a release, or junk: neither holds the key
                 view.pop(device, None)
-            elif device in view or len(view) < MAX_DEVICES:
+                self._arrived.pop((key, device), None)
+            elif before is not None or len(view) < MAX_DEVICES:
                 view[device] = claim
+                if before is None or before.claimed_at != claim.claimed_at:  # new, not a renewal
+                    self._arrived[(key, device)] = self.clock()
             if device == self.device:
                 self._echo[key] = (raw, self.clock())
             self._cond.notify_all()
