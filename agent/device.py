@@ -36,6 +36,7 @@ from agent.mqtt.topics import Topics, payload
 from agent.preflight import preflight
 from agent.runtime.protocol import Mirror, Runtime, device_topics
 from agent.runtime.reports import CameraState
+from agent.service.heap import HEAP
 from agent.service.notify import Notifier
 from agent.service.signals import SignalInbox
 from agent.service.supervisor import Supervisor
@@ -219,6 +220,7 @@ class Device(Generic[R]):
                 self.publish_telemetry()
             except Exception:
                 log.exception("telemetry failed")
+            HEAP.tick()
 
     # ---- the MQTT client -------------------------------------------------------------------------------
     def _make_mqtt(self, cfg: AgentConfig, topics: Topics) -> MqttClient | None:
@@ -327,6 +329,7 @@ class Device(Generic[R]):
                 ok = True
             self._publish_status()
             self.supervisor.reloaded()
+            HEAP.request()  # what the reload replaced is freed: give it back (agent.service.heap)
             return ok
 
     def _reload_from_file(self) -> str:

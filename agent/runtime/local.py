@@ -34,6 +34,7 @@ from agent.runtime.protocol import Outlet
 from agent.runtime.sinks import EventOut, ResultSinks
 from agent.runtime.transaction import ReloadTransaction
 from agent.runtime.wiring import Pipeline
+from agent.service.heap import HEAP
 from agent.service.notify import Notifier, extending
 from agent.service.supervisor import Progress
 from agent.telemetry import StageWindow
@@ -187,6 +188,8 @@ class LocalRuntime:
             # A reconnect (or a file that ended) ends every track: the next picture may show anything.
             cam.events.reset("reconnect" if state == "reconnecting" else state)
         self._publish_camera_state(cam)  # the reader logged the change
+        if changed and state == "streaming":
+            HEAP.request()  # the old connection's capture and decoder buffers are freed by now
         if changed and self._outlet is not None:
             self._outlet.status_changed()
 
