@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures_agent import ASSETS, bundled_model, wait_until
 
 from agent.service.heap import HEAP, HeapTrimmer
-from tests.fixtures_agent import wait_until
-
-ASSETS = Path(__file__).resolve().parents[1] / "agent" / "assets"
 
 
 def counter() -> tuple[list[int], HeapTrimmer]:
@@ -68,16 +66,7 @@ def test_the_running_agent_trims_when_a_camera_streams_and_after_a_reload(
     data = {
         "device_id": "heap",
         "engine_dir": str(tmp_path / "engines"),
-        "models": {
-            "detector": {
-                "onnx": str(ASSETS / "nanodet-m-416.onnx"),
-                "format": "nanodet",
-                "labels": str(ASSETS / "coco.names"),
-                "backend": "onnxruntime",
-                "precision": "fp32",
-                "threads": {"intra": 1},
-            }
-        },
+        "models": {"detector": bundled_model()},
         "cameras": {
             "street": {"url": str(ASSETS / "bikes.mp4"), "model": "detector", "fps": 2, "loop": True}
         },

@@ -13,6 +13,7 @@ deleting a retained message and is ignored.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -198,11 +199,18 @@ def _field_error(exc: ValidationError) -> str:
 class RateLimitedLog:
     """At most one line per `interval_s` per key; the lines in between are counted and reported."""
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, keys: int = 64) -> None:
         self._interval = interval_s
         self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
+        # Bounded: keys come from topics (action names) anyone allowed to publish may invent; the key
+        # logged longest ago goes first (its suppressed count with it).
+        self._keys = keys
+        self._last: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._suppressed: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._last)
 
     def __call__(self, level: int, key: str, message: str) -> None:
         now = time.monotonic()
@@ -211,6 +219,9 @@ class RateLimitedLog:
                 self._suppressed[key] = self._suppressed.get(key, 0) + 1
                 return
             self._last[key] = now
+            self._last.move_to_end(key)
+            while len(self._last) > self._keys:
+                self._suppressed.pop(self._last.popitem(last=False)[0], None)
             suppressed = self._suppressed.pop(key, 0)
         more = f" ({suppressed} more since the last report)" if suppressed else ""
         log.log(level, "%s%s", message, more)
@@ -358,7 +369,9 @@ class CommandRouter:
             self._log(logging.WARNING, "dropped", "MQTT commands dropped: unreadable payloads over the limit")
             return None
         self._count("rejected")
-        self._log(logging.WARNING, f"rejected-{action}", f"command {action} rejected: {error}")
+        # One key for every unknown action: invented names must not each get a line (and a key).
+        key = f"rejected-{action}" if action in REQUESTS else "rejected-unknown"
+        self._log(logging.WARNING, key, f"command {action} rejected: {error}")
         return Answer(action, False, error, request_id, dict(fields or {}))
 
 

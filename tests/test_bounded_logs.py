@@ -1,0 +1,25 @@
+"""Containers keyed by what the network sends stay bounded (issue 36.19: what a long run keeps)."""
+
+from __future__ import annotations
+
+import json
+
+from agent.mqtt.commands import CommandRouter, RateLimitedLog
+
+
+def test_invented_action_names_do_not_grow_the_command_log_keys() -> None:
+    router = CommandRouter()
+    for i in range(500):  # any [A-Za-z0-9_-]{1,32} passes screen(): a flood of names nobody knows
+        answer = router.handle(f"junk{i}", json.dumps({"request_id": i}).encode())
+        assert answer is not None and not answer.ok
+        router.handle(f"junk{i}", b"{")  # unreadable too
+    assert len(router._log) <= 2, len(router._log)
+
+
+def test_the_rate_limited_log_forgets_the_oldest_key_beyond_its_bound() -> None:
+    rlog = RateLimitedLog(interval_s=10.0, keys=8)
+    for i in range(100):
+        rlog(10, f"k{i}", "message")
+    assert len(rlog) == 8
+    rlog(10, "k99", "again")  # the newest is still known: suppressed, not logged
+    assert rlog._suppressed == {"k99": 1}
