@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import bcrypt
 import pytest
 from fixtures_http import Pki
 from fixtures_mqtt import free_port, port_open
@@ -57,6 +56,8 @@ class DockerRegistry:
             + "}",
         ]
         if users:
+            import bcrypt  # a test extra, needed only here
+
             htpasswd = workdir / "htpasswd"
             htpasswd.write_text(
                 "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(4)).decode()}\n"
@@ -137,9 +138,10 @@ def running_registry(
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> Iterator[DockerRegistry]:
-    """A plain-HTTP registry on loopback (the engine cache's default transport there)."""
-    with running_registry(tmp_path / "registry") as reg:
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerRegistry]:
+    """A plain-HTTP registry on loopback (the engine cache's default transport there), in a folder of its
+    own (the test's tmp_path stays the test's)."""
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
         yield reg
 
 
