@@ -23,3 +23,13 @@ def test_the_rate_limited_log_forgets_the_oldest_key_beyond_its_bound() -> None:
     assert len(rlog) == 8
     rlog(10, "k99", "again")  # the newest is still known: suppressed, not logged
     assert rlog._suppressed == {"k99": 1}
+
+
+def test_subscriptions_never_acknowledged_do_not_pile_up() -> None:
+    from agent.mqtt.refusals import Refusals
+
+    refusals = Refusals("127.0.0.1:1883", "cmd/#")
+    for mid in range(1, 1001):  # a broker that restarts before every SUBACK
+        refusals.track_subscription(mid, ("edge-agent/x/cmd/+",))
+    assert len(refusals._sub_filters) <= 64
+    assert 1000 in refusals._sub_filters  # the newest is still answered

@@ -18,6 +18,7 @@ from agent.mqtt.link import reason_name
 log = logging.getLogger("agent.mqtt")
 
 _MID_TRACK = 1024  # QoS>=1 publishes whose topic is kept until the broker acknowledges (or refuses) them
+_SUB_TRACK = 64  # SUBSCRIBEs whose filters are kept until the broker answers
 _REPORTED_MAX = 256  # distinct refused topics logged; later ones are only counted
 
 
@@ -53,6 +54,10 @@ class Refusals:
     def track_subscription(self, mid: int, filters: tuple[str, ...]) -> None:
         with self._mid_lock:
             self._sub_filters[mid] = filters
+            # A connection lost before the SUBACK leaves its entry: a broker restarting often must not
+            # grow this (the subscriptions of the next connection get mids of their own).
+            while len(self._sub_filters) > _SUB_TRACK:
+                self._sub_filters.pop(next(iter(self._sub_filters)))
 
     def on_publish(
         self, client: paho.Client, userdata: Any, mid: int, reason_code: Any, properties: Any
