@@ -25,6 +25,7 @@ from engines.cache.client import EngineCache
 from engines.cache.errors import CacheRejected
 from engines.cache.ref import parse_cache_url
 from engines.cache.signing import PlanSigner, PlanTrust
+from engines.manifest import load_manifest
 
 pytest.importorskip("tensorrt_rtx")
 
@@ -68,6 +69,7 @@ def test_a_pushed_engine_pulls_back_verified_byte_for_byte(
 ) -> None:
     a, cache = engines["a"], _cache(registry)
     assert a.timing_cache is not None and a.timing_cache.exists()
+    assert load_manifest(a.manifest).recorded_key == a.key  # the builder records the tag it goes under
     pushed = _push(cache, a, signer)
     assert pushed is not None and pushed.digest.startswith("sha256:") and pushed.bytes > a.plan.stat().st_size
     dest = tmp_path / "pulled"
