@@ -33,3 +33,21 @@ def test_subscriptions_never_acknowledged_do_not_pile_up() -> None:
         refusals.track_subscription(mid, ("edge-agent/x/cmd/+",))
     assert len(refusals._sub_filters) <= 64
     assert 1000 in refusals._sub_filters  # the newest is still answered
+
+
+def test_deleted_retained_states_are_not_kept_for_every_reconnect() -> None:
+    from agent.mqtt.outbox import Outbox
+
+    outbox = Outbox(limit=10, status_topic="d/status")
+    sent: list[tuple[str, bytes]] = []
+    outbox.set_connected(True)
+    for i in range(200):  # reloads renaming a zone: each old zone's state is deleted (empty, retained)
+        outbox.keep(f"d/cameras/c/zones/z{i}", b'{"count": 1}', 1, True)
+        outbox.keep(f"d/cameras/c/zones/z{i}", b"", 1, True)
+    outbox.keep("d/cameras/c/zones/now", b'{"count": 2}', 1, True)
+    assert outbox.states == 1
+    # Offline, a deletion still goes out at the next connect.
+    outbox.set_connected(False)
+    outbox.keep("d/cameras/c/zones/now", b"", 1, True)
+    outbox.flush(lambda topic, body, qos, retain: sent.append((topic, body)))
+    assert sent == [("d/cameras/c/zones/now", b"")] and outbox.states == 0

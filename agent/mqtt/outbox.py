@@ -34,14 +34,22 @@ class Outbox:
         self.dropped = 0
 
     @property
+    def states(self) -> int:
+        """Retained state topics kept for the next connect."""
+        with self._lock:
+            return len(self._states)
+
+    @property
     def limit(self) -> int:
         return self._events.maxlen or 0
 
     def keep(self, topic: str, body: bytes, qos: int, state: bool) -> bool:
         """Record a publish; True when it is to be sent now, False when it was kept for the next connect."""
         with self._lock:
-            if state:
+            if state and body:
                 self._states[topic] = (body, qos)
+            elif state:  # a deletion (a removed camera, zone, entity): sent, then nothing left to keep
+                self._states.pop(topic, None)
             if self.connected:
                 return True
             if state:
