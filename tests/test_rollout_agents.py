@@ -198,7 +198,7 @@ def test_a_broken_version_halts_after_the_canary_and_leaves_the_others_untouched
     state = json.loads(run.stdout)
     assert state["status"] == "rolled_back" and "more than --max-failures 0" in state["halted_reason"]
     canary = state["devices"]["ra"]
-    assert canary["stage"] == "failed" and canary["reason"].startswith("rejected: gating"), canary
+    assert canary["stage"] == "failed" and canary["reason"].startswith("rejected: gate: agreement"), canary
     assert not canary["promoted"]  # rejected at the gate: v2 still serves there, nothing to roll back
     for d in ("rb", "rc", "rd"):
         assert state["devices"][d]["stage"] == "pending" and state["devices"][d]["sent_at"] is None

@@ -157,7 +157,10 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
     from agent.fleet.rollout_table import LiveTable, as_json, render_detail
     from agent.mqtt import MqttError
 
+    running: list[str] = []
+
     def started(r: Any) -> None:
+        running.append(r.id)
         print(f"rollout {r.id}", file=sys.stderr if args.json else sys.stdout, flush=True)
 
     try:
@@ -186,6 +189,11 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
     except (PlanError, BusError, MqttError) as exc:
         print(f"edge-agent fleet deploy: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # its state stays as last written: running, resumable
+        if not running:
+            return 2
+        print(f"interrupted: rollout {running[0]} stays running; go on with --resume {running[0]}")
+        return 1
     if args.json:
         print(json.dumps(as_json(final), indent=2))
     else:

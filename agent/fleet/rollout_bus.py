@@ -243,9 +243,11 @@ def read_rollouts(
                 found.pop(rid, None)
                 return
             try:
-                found[rid] = Rollout.from_payload(bytes(msg.payload))
+                got = Rollout.from_payload(bytes(msg.payload))
             except RolloutStateError as exc:
                 found[rid] = exc
+                return
+            found[rid] = got if got.id == rid else RolloutStateError("id: not the id of its topic")
 
     c = _client(broker)
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
