@@ -89,6 +89,7 @@ class Builds:
             tried=result.tried,
             progress=None,
             error=None,
+            origin=result.origin,
         )
         if result.key is not None:
             self._adopt(me, result.key)
@@ -97,9 +98,9 @@ class Builds:
         """A lock held by another process (`edge-agent rebuild`) fails the job at once, naming the holder."""
         on_event = functools.partial(publish_progress, self._board, me)
         try:
-            return self._runner.run(
-                me.ctx, me.target.api, requested, force, on_event, functools.partial(_started, me)
-            )
+            started = functools.partial(_started, me)
+            fp = me.target.fingerprint
+            return self._runner.run(me.ctx, me.target.api, requested, force, on_event, started, fp)
         except LockUnavailable as exc:
             return JobResult.failed(requested, f"model {me.name!r}: {exc.error}", type(exc.error).__name__)
 

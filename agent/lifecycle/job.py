@@ -120,6 +120,7 @@ class JobResult:
     tried: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     error_type: str | None = None
+    origin: str = "built"  # of the engine kept: built | store (up to date already) | cache (pulled)
 
     def to_event(self) -> Result:
         return Result(asdict(self))
@@ -343,6 +344,7 @@ def _finish(run: _Run, step: Step, result: BuildResult) -> JobResult:
         validation,
         state,
         [asdict(t) for t in run.tried],
+        origin="built" if result.built else "store",
     )
 
 

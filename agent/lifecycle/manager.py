@@ -38,6 +38,7 @@ from pathlib import Path
 
 from agent.config import AgentConfig
 from agent.lifecycle.builds import Builds, PipelineFrames
+from agent.lifecycle.cache_setup import CacheSetup
 from agent.lifecycle.calibration import FrameTap
 from agent.lifecycle.job import resolved_settings
 from agent.lifecycle.model import ModelContext
@@ -78,6 +79,8 @@ class EngineManager:
         self._thread: threading.Thread | None = None
         self._pending_start: list[str] = []  # models in fallback: their jobs start with the pipeline
         self._board = StateBoard(publish)
+        self.shared_cache = CacheSetup(lambda: self.cfg)  # engines.cache, for this process's own jobs
+        self.origins: dict[tuple[str, str], str] = {}  # (model, key) -> built | cache, of this process
         self._serving: Serving = (
             Announcer(self._store_now, self._board)
             if isinstance(role, SupervisorRole)
@@ -96,7 +99,8 @@ class EngineManager:
     ) -> Delegate:
         """This process's own jobs (agent.lifecycle.builds), as rebuild(name, force, precision, reasons)."""
         frames = PipelineFrames(lambda: self.cfg, frames_for, self._stop)
-        runner = JobRunner(self._store_now, frames, version, stop=self._stop)
+        runner = JobRunner(self._store_now, frames, version, stop=self._stop, shared=self.shared_cache)
+        runner.origins = self.origins
         if isinstance(role, SupervisorRole):
             runner.env, runner.build_gate = role.job_env(), role.build_gate
         builds = Builds(runner, self._board, self._serving.adopt, self._listing)
@@ -172,6 +176,8 @@ class EngineManager:
             if refused >= 2 and m is not None:  # refused again after its rebuild, before this start
                 return self._refused_on_record(me, m, refused, result.reasons)
             return self._fallback(me, result.reasons)
+        with me.lock:  # published with the state fitting() sets
+            me.state.update(origin=self.origins.get((name, result.key), "store"))
         try:
             return self._serving.fitting(me, result.key)
         except PlanRefusedError as exc:  # recorded; its rebuild starts with the pipeline
@@ -326,3 +332,4 @@ class EngineManager:
                 job.kill()  # the store keeps the previous engine intact; temp files go at the next build
         if self._thread is not None:
             self._thread.join(2.0)
+        self.shared_cache.close()

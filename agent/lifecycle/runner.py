@@ -13,6 +13,10 @@
 4. child: the job in a child process, one at a time across managers sharing `build_gate`; `on_start`
    gets its handle (to kill it).
 5. events: the child's (and the capture's) progress events go to `on_event`; the result comes back.
+
+With the fleet's engine cache (`shared`, engines.cache; agent.lifecycle.shared_cache) and the device's
+fingerprint, steps 2-5 are the build the cache stands in front of, under the same lock: an engine pulled
+from the cache is the job's result (origin `cache`), a build that passed its gate is pushed.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from typing import Protocol
 from agent import __version__
 from agent.lifecycle.job import JobRequest, JobResult, job_command, start_job
 from agent.lifecycle.model import ModelContext
+from agent.lifecycle.shared_cache import SharedCache
+from agent.telemetry.engine_cache import ENGINE_CACHE
 from engines.buildproc import ChildProcess, Event
 from engines.errors import BuildLockedError, EngineError
+from engines.fingerprint import Fingerprint
 from engines.plan import Capabilities, needs_calibration_frames, needs_gate, plan_steps
 from engines.precision import Precision
 from engines.store import EngineStore
@@ -61,6 +68,10 @@ class JobRunner:
     env: dict[str, str] | None = None  # added to the child's environment (a build on one GPU of several)
     build_gate: threading.Lock | None = None
     stop: threading.Event = field(default_factory=threading.Event)  # set: no child starts any more
+    shared: Callable[[], SharedCache | None] | None = None  # the engine cache as configured now, or None
+    # (model, key) -> origin of each engine a job of this process kept (built, cache, store): a model
+    # reopened later (a reload, a deployment's promotion) says where its engine came from.
+    origins: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def run(
         self,
@@ -70,19 +81,48 @@ class JobRunner:
         force: bool,
         on_event: Emit,
         on_start: Callable[[ChildProcess], None] | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> JobResult:
         """The whole job under the model's build lock, released however it ends. Raises LockUnavailable,
-        and what the frame source raises; a failed job is a result (`error`)."""
+        and what the frame source raises; a failed job is a result (`error`). `fingerprint`: this device's,
+        for the engine cache (without it, or without a cache, every engine is built here)."""
         with self.lock(ctx.name, precision) as lock:
-            steps = plan_steps(precision, caps)
-            if needs_gate(steps):
-                self.frames.ensure(ctx, needs_calibration_frames(steps), on_event)
-            if self.stop.is_set():
-                return JobResult.failed(precision, "stopped", "Stopped")
-            request = JobRequest(ctx, precision, force, 0.0, self.version, lock_fd=lock.fd)
-            gate = self.build_gate if self.build_gate is not None else contextlib.nullcontext()
-            with gate:  # another GPU model's build first (builds run one at a time)
-                return self._child(request, on_event, on_start)
+
+            def build() -> JobResult:
+                return self._build(ctx, caps, precision, force, on_event, on_start, lock)
+
+            shared = self.shared() if self.shared is not None and fingerprint is not None else None
+            if shared is None or fingerprint is None:
+                result = build()
+            else:
+                result = shared.acquire(ctx, caps, fingerprint, self.store(), precision, force, build)
+        if result.ok and result.key is not None and result.origin != "store":
+            self.origins[(ctx.name, result.key)] = result.origin
+        return result
+
+    def _build(
+        self,
+        ctx: ModelContext,
+        caps: Capabilities,
+        precision: Precision,
+        force: bool,
+        on_event: Emit,
+        on_start: Callable[[ChildProcess], None] | None,
+        lock: BuildLock,
+    ) -> JobResult:
+        """Frames, request, child (steps 2-5), under the lock `run` holds."""
+        steps = plan_steps(precision, caps)
+        if needs_gate(steps):
+            self.frames.ensure(ctx, needs_calibration_frames(steps), on_event)
+        if self.stop.is_set():
+            return JobResult.failed(precision, "stopped", "Stopped")
+        request = JobRequest(ctx, precision, force, 0.0, self.version, lock_fd=lock.fd)
+        gate = self.build_gate if self.build_gate is not None else contextlib.nullcontext()
+        with gate:  # another GPU model's build first (builds run one at a time)
+            result = self._child(request, on_event, on_start)
+        if result.ok and result.built:
+            ENGINE_CACHE.count(builds=1, build_s=result.build_s)
+        return result
 
     def lock(self, model: str, precision: Precision) -> BuildLock:
         """The model's build lock, taken (LockUnavailable where it cannot be)."""

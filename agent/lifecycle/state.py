@@ -58,6 +58,9 @@ class EngineState:
     nvtx_verbosity: str | None = None
     build_s: float | None = None
     tried: list[dict[str, Any]] | None = None  # the gate's steps of the last job
+    # Where the engine `key` names came from: built (here), cache (pulled from engines.cache), store (found
+    # in the local store: at start, or written by another process).
+    origin: str | None = None
     _order: list[str] = field(default_factory=list, repr=False)  # fields set so far, first set first
 
     def update(self, **values: Any) -> None:

@@ -21,6 +21,7 @@ from agent.lifecycle.model import ModelContext
 from agent.lifecycle.roles import Delegate
 from agent.lifecycle.serving import engine_runs_here, open_ort, warm_up
 from agent.lifecycle.state import ModelEngine, StateBoard
+from agent.telemetry.engine_cache import ENGINE_CACHE
 from engines.build.compat import refusal_record
 from engines.errors import EngineError
 from engines.runtimes.base import Backend, BackendError, PlanRefusedError
@@ -105,6 +106,11 @@ class Adopter:
         try:
             engine = self.load(me, key)
         except PlanRefusedError as exc:
+            with me.lock:
+                pulled = me.state.origin == "cache"
+            if pulled:  # rebuilt forced: it never pulls, and a push never overwrites the cache's copy
+                ENGINE_CACHE.count(rejected=1)
+                log.warning("model %s: engine %s of the engine cache refused by TensorRT", me.name, key)
             if not me.retired and not self._rebuild(me.name, True, me.requested, [refused_reason(exc)]):
                 log.warning(
                     "model %s: engine %s refused; no rebuild started (one is under way)", me.name, key

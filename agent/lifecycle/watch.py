@@ -76,5 +76,6 @@ class StoreWatcher:
             build_s=manifest.build.build_s,
             reasons=[],
             validation=report.state() if report else me.state.validation,
+            origin="store",
         )
         self._adopt(me, result.key)

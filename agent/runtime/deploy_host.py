@@ -150,13 +150,15 @@ class LocalDeployHost:
         promotion finds it. Checked on ONNX Runtime all the same: an engine runs only once it serves."""
         rt = self.runtime
         frames = PipelineFrames(lambda: rt.cfg, rt.taps.get, threading.Event())
-        runner = JobRunner(lambda: rt.engines.store, frames, lock_wait_s=None)
+        engines = rt.engines
+        runner = JobRunner(lambda: engines.store, frames, lock_wait_s=None, shared=engines.shared_cache)
+        runner.origins = engines.origins  # the promotion's reopen says where the engine came from
 
         def on_event(ev: Any) -> None:
             log.debug("deployment %s: build: %s", ctx.name, ev)
 
         try:
-            result = runner.run(ctx, target.api, ctx.cfg.precision, False, on_event)
+            result = runner.run(ctx, target.api, ctx.cfg.precision, False, on_event, None, target.fingerprint)
         except (LockUnavailable, CalibrationError) as exc:
             raise DeployError(f"building: {exc}"[:400]) from None
         if not result.ok:
