@@ -11,6 +11,7 @@ size as it arrives; the engine manifest parses, records the same key and the pla
 caller's `check(manifest_path)` (its compatibility check against the live device). `dest` then holds
 `engine.plan`, `manifest.json` and `timing.cache` (when the artifact has one).
 
+One EngineCache is used by one thread at a time (its HTTP session is not shared across threads).
 A push never replaces a tag: it looks first and returns None when the key is there (two devices pushing
 the same key in the same instant both write valid signed artifacts; the build claim makes that rare).
 """
@@ -48,7 +49,7 @@ class Pulled:
     manifest: Path
     timing_cache: Path | None
     digest: str  # the OCI manifest's digest (sha256:...)
-    bytes: int  # blob bytes downloaded
+    bytes: int  # blob bytes downloaded (the OCI manifest aside)
     seconds: float
     builder: str  # the device that built and signed it (from the verified statement)
     key_id: str  # the key that signed it
@@ -171,7 +172,7 @@ class EngineCache:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.pull-", dir=dest.parent))
         try:
-            total = 0
+            total = layers["signature"].size
             for role in ("plan", "manifest", "timing_cache"):
                 if role in layers:
                     total += self._download(layers[role], tmp / FILES[role])
@@ -300,8 +301,8 @@ def _run_check(check: Callable[[Path], None] | None, manifest: Path) -> None:
 def _replace_dir(tmp: Path, dest: Path) -> None:
     """`tmp` becomes `dest` by a rename (a reader never sees half an engine); an old `dest` goes first."""
     if dest.exists() or dest.is_symlink():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, old / "engine")
         shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, dest)
     with contextlib.suppress(OSError):
