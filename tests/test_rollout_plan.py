@@ -89,7 +89,7 @@ def test_options_are_checked_naming_the_flag() -> None:
         ({"device_timeout_s": 0.0}, "--device-timeout"),
     ):
         with pytest.raises(PlanError, match=flag):
-            RolloutOptions(**kw).check()  # type: ignore[arg-type]
+            RolloutOptions(**kw).check()
 
 
 def test_device_lists() -> None:
@@ -189,7 +189,7 @@ def _obs(
     return Observation(online, offline_for, state, new, answer)
 
 
-def _state(stage: str, version: str = "v2", rid: str = "deploy-v2", **more: object) -> dict:
+def _state(stage: str, version: str = "v2", rid: str | None = "deploy-v2", **more: object) -> dict:
     return {"stage": stage, "version": version, "request_id": rid, "previous": "v1", **more}
 
 

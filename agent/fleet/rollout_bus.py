@@ -149,7 +149,7 @@ class Bus:
         if not msg.topic.startswith(self._head):
             return
         levels = msg.topic[len(self._head) :].split("/")
-        body = _decode(msg.payload)
+        body = _decode(bytes(msg.payload))
         with self._lock:
             if body is None:
                 self.unreadable += bool(msg.payload)

@@ -44,7 +44,7 @@ from agent.fleet.rollout_step import SEND, SERVING, WATCHING, Goal, Observation,
 ROLLBACK_ANSWER_S = 60.0  # a rollback is a hot swap: answered within seconds
 SAVE_PROGRESS_S = 1.0  # progress alone is saved at most this often
 
-OnChange = Callable[[Rollout, "DeviceRecord | None"], None]
+OnChange = Callable[[Rollout, "DeviceRecord | None"], object]  # what it returns is not used
 
 
 class Runner:

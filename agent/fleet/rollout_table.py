@@ -33,7 +33,7 @@ def progress(rec: DeviceRecord) -> str:
 
 def rows(r: Rollout) -> list[tuple[str, ...]]:
     """One row per device, in wave order."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for device in r.targets:
         rec = r.devices[device]
         out.append((str(rec.wave + 1), device, rec.stage, progress(rec), rec.reason or ""))
