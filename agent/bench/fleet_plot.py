@@ -27,15 +27,18 @@ def _cache(ax: Any, report: dict[str, Any]) -> None:
     for y0, run in ((0.0, sec["independent"]), (0.4, sec["cached"])):
         for i, row in enumerate(run["devices"]):
             colour = ORIGIN_COLOURS.get(row.get("origin", ""), "C7")
-            ax.barh(i + y0, row["serving_s"], 0.38, color=colour, hatch="" if y0 else "//")
+            ax.barh(i + y0, row["serving_s"], 0.38, color=colour, hatch="" if y0 else "//",
+                    edgecolor="black" if not y0 else None)
     ax.set_yticks([i + 0.2 for i in range(len(sec["cached"]["devices"]))],
                   [r["device"] for r in sec["cached"]["devices"]])
     ax.set_xlabel("seconds from the agents' start to a plan serving")
-    ax.set_title(f"{sec['agents']} agents: independent (hatched) vs shared cache "
+    ax.set_title(f"{sec['agents']} agents: independent builds vs shared cache "
                  f"({sec['builds']} build + {sec['pulls']} pulls)", fontsize="small")
-    for origin, colour in ORIGIN_COLOURS.items():
-        ax.barh([], [], color=colour, label=origin)
-    ax.legend(fontsize="small")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=f"origin {o}") for o, c in ORIGIN_COLOURS.items() if o != "store"]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="independent builds"))
+    ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _good(ax: Any, report: dict[str, Any]) -> None:

@@ -81,6 +81,7 @@ class FleetListener:
         self.engines: dict[str, list[tuple[float, dict[str, Any]]]] = {}
         self.deployments: dict[str, list[tuple[float, dict[str, Any]]]] = {}
         self.status: dict[str, dict[str, Any]] = {}
+        self.cache_counters: dict[str, dict[str, Any]] = {}  # the last telemetry's engine_cache section
         self.fleet: list[tuple[float, str, bytes]] = []
         self._lock = threading.Lock()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"bench-fleet-{os.getpid()}")
@@ -107,6 +108,9 @@ class FleetListener:
                 book.setdefault(parts[0], []).append((now, body))
             elif len(parts) == 2 and parts[1] == "status" and isinstance(body, dict):
                 self.status[parts[0]] = body
+            elif parts[1:] == ["telemetry"] and isinstance(body, dict):
+                counters = body.get("engine_cache")
+                self.cache_counters[parts[0]] = counters if isinstance(counters, dict) else {}
 
     def engine_states(self, device: str) -> list[tuple[float, dict[str, Any]]]:
         with self._lock:
@@ -115,6 +119,10 @@ class FleetListener:
     def deployment_states(self, device: str) -> list[tuple[float, dict[str, Any]]]:
         with self._lock:
             return list(self.deployments.get(device, []))
+
+    def counters(self, device: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self.cache_counters.get(device) or {})
 
     def online(self, device: str) -> bool:
         with self._lock:
