@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.config import AgentConfig
+from agent.service.heap import HEAP
 from agent.service.logs import setup_logging
 from agent.shards.link import ShardLink, ShardOutlet
 from agent.shards.protocol import (
@@ -142,7 +143,9 @@ class _Shard:
             if plan.log_level:
                 logging.getLogger().setLevel(getattr(logging, new.log_level.upper()))
 
-        return str(prepared.commit(switch))
+        changes = str(prepared.commit(switch))
+        HEAP.request()  # a shard's reload frees what it replaced, as a device's (agent.service.heap)
+        return changes
 
     def report(self) -> None:
         """The progress every PROGRESS_S (the supervisor's READY, STATUS, WATCHDOG and hang check)."""
@@ -163,6 +166,7 @@ class _Shard:
                 runtime.after_telemetry()
             except Exception:  # the line and its logger name as a device's (agent.device)
                 logging.getLogger("agent.owner").exception("telemetry failed")
+            HEAP.tick()
 
 
 class _Requests:
