@@ -147,7 +147,7 @@ def _layer(i: int, d: Any) -> Layer:
         raise CacheRejected(f"OCI manifest: layer {i} ({role}) has no sha256 digest")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_SIZE[role]:
         raise CacheRejected(f"OCI manifest: layer {i} ({role}) has a bad size (at most {MAX_SIZE[role]})")
-    return Layer(role, media_type, digest, size)
+    return Layer(role, str(media_type), digest, size)
 
 
 def parse_oci_manifest(data: bytes) -> dict[str, Layer]:

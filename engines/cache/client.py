@@ -141,7 +141,7 @@ class EngineCache:
         self, key: str, files: list[tuple[Path, str]], config: Path, builder: str
     ) -> requests.Response:
         try:
-            return self._registry.push(
+            r: requests.Response = self._registry.push(
                 target=self.ref.target(key),
                 files=[f"{path}:{media_type}" for path, media_type in files],
                 disable_path_validation=True,
@@ -149,6 +149,7 @@ class EngineCache:
                 manifest_annotations={artifact.ANNOTATION_KEY: key, artifact.ANNOTATION_BUILDER: builder},
                 quiet=True,
             )
+            return r
         except CacheUnavailable:
             raise
         except requests.RequestException as e:
@@ -220,7 +221,7 @@ class EngineCache:
         return bytes(data)
 
     def _blob(self, layer: artifact.Layer) -> requests.Response:
-        r = self._registry.get_blob(self.ref.target("x"), layer.digest, stream=True)
+        r: requests.Response = self._registry.get_blob(self.ref.name, layer.digest, stream=True)
         if r.status_code != 200:
             r.close()
             if r.status_code == 404:

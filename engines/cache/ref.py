@@ -55,6 +55,11 @@ class CacheRef:
             return self.plain_http
         return self.loopback and ca_file is None
 
+    @property
+    def name(self) -> str:
+        """The repository with its registry (`host:port/site/engines`), as oras-py names it."""
+        return f"{self.registry}/{self.repository}"
+
     def target(self, tag: str) -> str:
         return f"{self.registry}/{self.repository}:{tag}"
 

@@ -80,7 +80,7 @@ def unavailable(where: str, exc: Exception, timeout_s: float) -> CacheUnavailabl
     return CacheUnavailable(f"{where}: {type(exc).__name__}")
 
 
-class Registry(oras.provider.Registry):  # type: ignore[misc]  # oras-py ships no types
+class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # oras-py ships no types
     def __init__(
         self, ref: CacheRef, *, credentials_file: Path | None, ca_file: Path | None, timeout_s: float
     ) -> None:
@@ -97,7 +97,7 @@ class Registry(oras.provider.Registry):  # type: ignore[misc]  # oras-py ships n
 
     def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> requests.Response:
         try:
-            r = self.session.request(
+            r: requests.Response = self.session.request(
                 method, url, headers={**headers, **self._login}, verify=self._tls_verify,
                 timeout=(self.timeout_s, self.timeout_s), allow_redirects=method in ("GET", "HEAD"), **kw,
             )
