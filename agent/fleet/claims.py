@@ -104,7 +104,7 @@ class BuildClaims:
 
     # ---- connection ------------------------------------------------------------------------------
     def __enter__(self) -> BuildClaims:
-        return self.open()
+        return self  # connects at the first call: a broker that is away raises there, and __exit__ still runs
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -133,7 +133,10 @@ class BuildClaims:
             self.release(key)
         self._stop.set()
         self._paho.disconnect()
-        self._paho.loop_stop()
+        # paho's thread may sit in a connect attempt to a broker that is away: bounded, as the agent's close
+        stopper = threading.Thread(target=self._paho.loop_stop, name="claims-stop", daemon=True)
+        stopper.start()
+        stopper.join(self.timeout_s)
 
     def _make_client(self) -> paho.Client:
         s = self._settings
@@ -186,7 +189,13 @@ class BuildClaims:
             return False
         # Our own live claim (this device restarted mid-build) keeps its place in the order.
         mine = Claim(self.device, key, current.claimed_at if current else now, now + self.ttl_s)
-        echoed_at = self._publish(mine, wait=True)
+        try:
+            echoed_at = self._publish(mine, wait=True)
+        except ClaimsUnavailable:
+            self._send_release(
+                key
+            )  # in case the broker took it after all: nobody waits for a claim we dropped
+            raise
         time.sleep(self.settle_s)  # claims that raced ours reach us within this
         with self._cond:
             now = self.clock()
