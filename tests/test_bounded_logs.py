@@ -1,8 +1,13 @@
-"""Containers keyed by what the network sends stay bounded (issue 36.19: what a long run keeps)."""
+"""What a long run keeps stays bounded (issue 36.19): containers keyed by what the network sends, and what
+a removed camera leaves behind."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import yaml
+from fixtures_agent import ASSETS, bundled_model, wait_until
 
 from agent.mqtt.commands import CommandRouter, RateLimitedLog
 
@@ -51,3 +56,33 @@ def test_deleted_retained_states_are_not_kept_for_every_reconnect() -> None:
     outbox.keep("d/cameras/c/zones/now", b"", 1, True)
     outbox.flush(lambda topic, body, qos, retain: sent.append((topic, body)))
     assert sent == [("d/cameras/c/zones/now", b"")] and outbox.states == 0
+
+
+def test_a_camera_removed_by_reload_leaves_no_last_frame(tmp_path: Path) -> None:
+    from agent.cli.daemon import local_device
+    from agent.config import load_config
+
+    clip = str(ASSETS / "bikes.mp4")
+    cams = {n: {"url": clip, "model": "detector", "fps": 5, "loop": True} for n in ("street", "side")}
+    data = {
+        "device_id": "kept",
+        "engine_dir": str(tmp_path / "engines"),
+        "models": {"detector": bundled_model()},
+        "cameras": cams,
+        "mqtt": {"enabled": False},
+        "console": False,
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(data))
+    agent = local_device(load_config(path), console=False, config_path=path)
+    try:
+        agent.start()
+        kept = agent.runtime.sinks._last_result
+        assert wait_until(lambda: {"street", "side"} <= set(kept), 60)
+        del data["cameras"]["side"]
+        path.write_text(yaml.safe_dump(data))
+        assert agent.reload()
+        assert set(agent.runtime.cameras) == {"street"}
+        assert "side" not in kept  # its last result held a whole frame for the life of the process
+    finally:
+        agent.stop()

@@ -118,6 +118,11 @@ class ResultSinks:
         for d in (self.taps, self.results_out):
             d.pop(name, None)
 
+    def forget_camera(self, name: str) -> None:
+        """A removed camera: its last result (a whole frame) and snapshot time are not kept."""
+        self._last_result.pop(name, None)
+        self._last_snapshot.pop(name, None)
+
     # ---- the sinks -------------------------------------------------------------------------------------
     def _publish(self, result: Result) -> None:
         result.frame.stamp("published")

@@ -84,6 +84,7 @@ class ReloadTransaction:
             removed = name in plan.cameras_removed
             pipeline.close_camera(name, clear_state=removed)
             if removed:
+                self.sinks.forget_camera(name)
                 on_removed(name)
         for name in plan.models_removed:
             pipeline.close_model(pipeline.workers.pop(name), name)
