@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from agent.config.keys import KEY_ID_RULE, KeyFileError, key_id_problem, read_key_file, read_public_key
+from agent.config.keys import KEY_ID_RULE, KeyFileError, key_id_problem, read_private_key, read_public_key
 from agent.deploy.document import canonical_bytes
 from agent.deploy.errors import DeployError, SignatureError
 
@@ -109,19 +109,9 @@ def _write_new(path: Path, data: bytes, mode: int, replace: bool) -> None:
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """The ed25519 private key of a PEM file; SignatureError naming the path (never its content)."""
     try:
-        data = read_key_file(path, "private key")
+        return read_private_key(path)
     except KeyFileError as exc:
         raise SignatureError(exc.reason) from None
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:  # cryptography: a password is needed
-        why = "is encrypted (a key without a passphrase is needed)"
-        raise SignatureError(f"private key {path}: {why}") from None
-    except (ValueError, UnsupportedAlgorithm):
-        raise SignatureError(f"private key {path}: not a PEM private key") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SignatureError(f"private key {path}: not an ed25519 key ({type(key).__name__.lstrip('_')})")
-    return key
 
 
 def load_public_key(path: Path, key_id: str | None = None) -> Ed25519PublicKey:
