@@ -32,7 +32,7 @@ def settings(port: int, **extra: object) -> MqttConfig:
 def make_claims(mqtt_broker: Broker) -> Iterator[type]:
     made: list[BuildClaims] = []
 
-    def make(device: str, ttl_s: float = 30.0, settle_s: float = 0.3) -> BuildClaims:
+    def make(device: str, ttl_s: float = 30.0, settle_s: float = 0.5) -> BuildClaims:
         c = BuildClaims(
             settings(mqtt_broker.port), PREFIX, device, ttl_s=ttl_s, settle_s=settle_s, timeout_s=10
         )

@@ -42,7 +42,7 @@ from types import TracebackType
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import MQTTErrorCode
 
 from agent.fleet.claim_record import (
     Claim,
@@ -54,9 +54,9 @@ from agent.fleet.claim_record import (
     topic_parts,
     winner,
 )
+from agent.fleet.claims_link import claims_client
 from agent.mqtt.link import reason_name
 from agent.mqtt.settings import MqttSettings
-from agent.mqtt.tls import TlsFileError, client_context
 
 log = logging.getLogger("agent.fleet.claims")
 MAX_DEVICES = 4096  # claims kept per key: more devices than any fleet on one broker
@@ -139,25 +139,7 @@ class BuildClaims:
         stopper.join(self.timeout_s)
 
     def _make_client(self) -> paho.Client:
-        s = self._settings
-        if s.protocol == "5":  # the broker then says why it refuses a claim (an ACL): 0x87
-            c = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
-        else:
-            v3 = paho.MQTTv311
-            c = paho.Client(
-                CallbackAPIVersion.VERSION2, client_id=self.client_id, clean_session=True, protocol=v3
-            )
-        c.suppress_exceptions = True  # a bug in a callback must not end the network thread
-        try:
-            if s.username is not None:
-                c.username_pw_set(s.username, s.read_password())
-            if s.tls is not None:
-                opts = s.tls.options()
-                c.tls_set_context(client_context(opts))
-                c.tls_insecure_set(opts.insecure)
-        except (TlsFileError, ValueError) as exc:  # ConfigError (a password file) is a ValueError
-            raise ClaimsUnavailable(f"{self.where}: {exc}") from None
-        c.reconnect_delay_set(min_delay=s.reconnect_min_s, max_delay=s.reconnect_max_s)  # type: ignore[arg-type]
+        c = claims_client(self._settings, self.client_id)
         c.on_connect, c.on_disconnect, c.on_message = self._on_connect, self._on_disconnect, self._on_message
         c.on_subscribe, c.on_unsubscribe, c.on_publish = self._on_sub, self._on_unsub, self._on_pub
         return c
