@@ -167,6 +167,7 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
         if args.resume is not None and any(getattr(args, f) not in (None, False) for f in TARGET_FLAGS):
             raise PlanError("--resume ID goes on with the rollout's own targets and options: give no other")
         raw = _read(args.doc)
+        live = None if args.json else LiveTable()
         targets = None
         options = None
         if args.resume is None:
@@ -182,7 +183,7 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
             trusted=_trusted(args) or None,
             allow_unsigned=args.allow_unsigned,
             on_start=started,
-            on_change=None if args.json else LiveTable(),
+            on_change=live,
             deadline_s=args.wait,
             where=args.doc,
         )
@@ -197,7 +198,8 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(final), indent=2))
     else:
-        print(render_detail(final))
+        if live is None or not live.tty:  # on a terminal the last redraw shows it already
+            print(render_detail(final))
         if final.status == "running":
             print(f"still running after {args.wait:g} s: go on with --resume {final.id}")
     return 0 if final.status == "done" else 1

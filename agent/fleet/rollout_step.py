@@ -84,7 +84,7 @@ def _deploying(rec: DeviceRecord, obs: Observation, goal: Goal, opts: RolloutOpt
         rec.move(FAILED, f"refused: {answer.get('error') or answer.get('reason')}", now)
         return
     if state is None and answer is not None and answer.get("stage") == SERVING:
-        rec.already, rec.serving_at, rec.deployment = True, now, SERVING
+        rec.already, rec.serving_at, rec.deployment, rec.progress = True, now, SERVING, 0.0
         rec.move(SOAKING, "already serving", now)
         return
     if state is not None:
@@ -101,7 +101,7 @@ def _deploying(rec: DeviceRecord, obs: Observation, goal: Goal, opts: RolloutOpt
             rec.move(FAILED, _why(state), now)
             return
         if stage == SERVING:
-            rec.serving_at = now
+            rec.serving_at, rec.progress = now, 0.0
             rec.move(SOAKING, None, now)
             return
         rec.reason = None

@@ -135,8 +135,9 @@ class LiveTable:
                 self.out.flush()
             return
         now = time.strftime("%H:%M:%S")
-        if (r.status, r.wave) != self._last:
-            self._last = (r.status, r.wave)
+        shown = (r.status, min(r.wave, len(r.waves) - 1))
+        if shown != self._last:
+            self._last = shown
             self.out.write(f"{now} {header(r)}\n")
         if rec is not None:
             detail = " ".join(t for t in (progress(rec), rec.reason or "") if t)
