@@ -1,6 +1,7 @@
 """The agent's mosquitto ACL of docs/DESIGN.md ("Mosquitto ACL for the whole agent"), run as written: with
 passwords and per-device users, a device claims builds under its own identity only. A claim, a forged
-claim or a release published as another device is dropped by the broker, and that device's claim stands."""
+claim or a release published as another device is dropped by the broker, and that device's claim stands.
+The claims' own connection uses the agent's TLS and credential settings, never showing a password."""
 
 from __future__ import annotations
 
@@ -10,19 +11,23 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
+import test_mqtt_tls as agent_tls
 from fixtures_agent import REPO
 from fixtures_mqtt import MOSQUITTO, Broker, Subscriber
 from paho.mqtt.enums import CallbackAPIVersion
+from test_mqtt_tls import AGENT_PASSWORD, Pki, TlsBroker, needs_tls_tools
 
 from agent.config.mqtt import MqttConfig
 from agent.fleet.claim_record import ClaimsUnavailable
 from agent.fleet.claims import BuildClaims
 
+# The TLS fixtures of the agent's own client tests (a test CA, a TLS mosquitto, a password file).
+pki, passwd_file, tls_broker = agent_tls.pki, agent_tls.passwd_file, agent_tls.tls_broker
 PASSWD = shutil.which("mosquitto_passwd")
 USERS = {"orin-01": "pw-orin-01-secret", "orin-02": "pw-orin-02-secret", "ops": "pw-ops-secret"}
 KEY = "trt10.3-orin-sm87-abc123"
@@ -44,6 +49,8 @@ def design_acl() -> str:
 
 @pytest.fixture
 def acl_broker(tmp_path: Path) -> Iterator[Broker]:
+    if PASSWD is None or MOSQUITTO is None:
+        pytest.skip("mosquitto(_passwd) not installed")
     pwfile = tmp_path / "passwd"
     pwfile.write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
     subprocess.run([str(PASSWD), "-U", str(pwfile)], check=True)
@@ -158,3 +165,36 @@ def test_wrong_credentials_are_a_clear_error_without_the_password(acl_broker: Br
         assert "not-the-password" not in str(err.value) and USERS["orin-01"] not in str(err.value)
     finally:
         c.close()
+
+
+@needs_tls_tools
+def test_claims_over_tls_with_a_password_file(
+    tmp_path: Path,
+    pki: Pki,
+    passwd_file: Path,
+    tls_broker: Callable[..., TlsBroker],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent's TLS and credentials carry over to the claims' own connection; nothing secret shows."""
+    caplog.set_level(logging.DEBUG)
+    broker = tls_broker(password_file=passwd_file)
+    (tmp_path / "agent.pw").write_text(AGENT_PASSWORD + "\n")
+    tls = {"ca_file": pki.ca}
+    cfg = MqttConfig(
+        host="127.0.0.1", port=broker.port, tls=tls, username="agent", password_file=tmp_path / "agent.pw"
+    )
+    a, b = claims(cfg, "orin-a"), claims(cfg, "orin-b")
+    try:
+        assert a.claim(KEY) is True and b.claim(KEY) is False and b.holder(KEY) == "orin-a"
+        assert AGENT_PASSWORD not in repr(a)
+    finally:
+        a.close()
+        b.close()
+    untrusted = cfg.model_copy(update={"tls": MqttConfig(tls={"ca_file": pki.other_ca}).tls})
+    c = claims(untrusted, "orin-c", timeout_s=1.5)
+    try:
+        with pytest.raises(ClaimsUnavailable, match=f"127.0.0.1:{broker.port}"):
+            c.claim(KEY)
+    finally:
+        c.close()
+    assert AGENT_PASSWORD not in caplog.text
