@@ -6,8 +6,9 @@ asks for it, made again after a reload changed the section (every key is LIVE), 
     setup.close()               # releases the build claims still held, disconnects them
 
 The build claims take a connection of their own to the agent's broker (agent.fleet.claims); without MQTT
-every device builds what it misses (nobody to agree with). A section that cannot be used (a key file gone
-since the config was loaded) leaves the builds local, said once per section.
+every device builds what it misses (nobody to agree with), and so does a device that does not push. A
+section that cannot be used (a key file gone since the config was loaded) leaves the builds local, said
+once per section.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def make_shared(cfg: AgentConfig) -> SharedCache:
     signer = None
     if e.push and e.signing_key is not None and e.signing_key_id is not None:
         signer = PlanSigner.from_file(e.signing_key, e.signing_key_id)
+    # A device that does not push claims nothing: the others would wait for an engine that never comes.
     claims: Any = NoClaims()
-    if cfg.mqtt.enabled:
+    if cfg.mqtt.enabled and signer is not None:
         mqtt = cfg.mqtt
         claims = BuildClaims(mqtt, mqtt.prefix, cfg.device_id, ttl_s=e.claim_ttl_s, timeout_s=e.timeout_s)
     return SharedCache(cache, trust, signer, claims, device=cfg.device_id, wait_s=e.claim_wait_s)

@@ -52,6 +52,8 @@ log = logging.getLogger("agent.lifecycle.manager")
 
 POLL_S = 5.0  # while another device builds: a pull this often
 UNAVAILABLE = "engine cache is unavailable"  # acquire's line when the registry is down or slow
+# acquire's lines that say something is wrong (a rejected plan, a refused push, no claims): warnings.
+_WARNINGS = ("engine cache holds", "engine cache refused", "build claims unavailable", "build claim ")
 
 
 class Claims(Protocol):
@@ -194,7 +196,8 @@ class SharedCache:
             self._down = True
             log.warning("%s (said once until it answers again)", line)
             return
-        log.info("%s", line)
+        warn = line.startswith(_WARNINGS)
+        log.log(logging.WARNING if warn else logging.INFO, "%s", line)
 
     def _answered(self) -> None:
         if self._down:
