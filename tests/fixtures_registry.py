@@ -6,6 +6,7 @@
         reg.blob_file("sha256:...")                               # the blob's file in the storage folder
     with running_registry(tmp_path, pki=make_pki(...), users={"u": "p"}) as reg:  # TLS + htpasswd
     with slow_proxy(reg.port, delay_s=30) as port:                # answers only after delay_s
+    with slow_proxy(reg.port, delay_s=0.05, piece=512) as port:   # drips: 512 bytes every 50 ms
 
 htpasswd: Distribution accepts bcrypt hashes only; they are made with the `bcrypt` package (a test
 dependency: apache2-utils' htpasswd is not needed). Every process is stopped in `finally`.
@@ -146,22 +147,31 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerRegistr
 
 
 # -- a slow proxy -----------------------------------------------------------------------------------------
-def _pipe(src: socket.socket, dst: socket.socket, delay_s: float, stopping: threading.Event) -> None:
-    """Forward src -> dst, each chunk only after `delay_s` (a registry that answers, but too late)."""
+def _pipe(
+    src: socket.socket, dst: socket.socket, delay_s: float, stopping: threading.Event,
+    piece: int | None = None,
+) -> None:
+    """Forward src -> dst, each chunk (or each `piece` bytes of it) only after `delay_s`: a registry that
+    answers, but too late (or drips)."""
     with contextlib.suppress(OSError):
         while not stopping.is_set():
             data = src.recv(65536)
-            if not data or stopping.wait(delay_s):
+            if not data:
                 break
-            dst.sendall(data)
+            step = piece or len(data)
+            for i in range(0, len(data), step):
+                if stopping.wait(delay_s):
+                    return
+                dst.sendall(data[i : i + step])
     for s in (src, dst):
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
 
 
 @contextlib.contextmanager
-def slow_proxy(upstream_port: int, delay_s: float) -> Iterator[int]:
-    """A TCP proxy on a free 127.0.0.1 port to `upstream_port` that holds every answer for `delay_s`."""
+def slow_proxy(upstream_port: int, delay_s: float, piece: int | None = None) -> Iterator[int]:
+    """A TCP proxy on a free 127.0.0.1 port to `upstream_port` that holds every answer for `delay_s`;
+    with `piece`, it drips answers: `piece` bytes every `delay_s`."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
     stopping = threading.Event()
@@ -178,7 +188,8 @@ def slow_proxy(upstream_port: int, delay_s: float) -> Iterator[int]:
             upstream = socket.create_connection(("127.0.0.1", upstream_port))
             sockets.extend((client, upstream))
             threading.Thread(target=_pipe, args=(client, upstream, 0.0, stopping), daemon=True).start()
-            threading.Thread(target=_pipe, args=(upstream, client, delay_s, stopping), daemon=True).start()
+            back = (upstream, client, delay_s, stopping, piece)
+            threading.Thread(target=_pipe, args=back, daemon=True).start()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()

@@ -15,7 +15,7 @@ from engine_cache_fixtures import Engine, build_tiny, tiny_onnx
 from fixtures_http import make_pki
 from fixtures_registry import DockerRegistry, running_registry, slow_proxy
 
-from engines.cache.client import EngineCache
+from engines.cache.client import MIN_RATE_BPS, EngineCache
 from engines.cache.errors import CacheUnavailable
 from engines.cache.ref import parse_cache_url
 from engines.cache.signing import PlanSigner, PlanTrust
@@ -75,6 +75,21 @@ def test_a_slow_registry_is_unavailable_within_the_timeout(
         with pytest.raises(CacheUnavailable, match="no answer within 1 s"):
             cache.push(engine.key, engine.plan, engine.manifest, None, keys[0], "dev-1")
     assert not (tmp_path / "d").exists()
+
+
+def test_a_dripping_registry_is_cut_off_by_the_minimum_rate(
+    registry: DockerRegistry, engine: Engine, keys: tuple[PlanSigner, PlanTrust], tmp_path: Path
+) -> None:
+    """Every read answers within the timeout, but ~10 KiB/s: the plan would take half a minute. The pull
+    stops once the blob is slower on average than MIN_RATE_BPS (after timeout_s)."""
+    cache = EngineCache(parse_cache_url(registry.url()), timeout_s=1)
+    assert cache.push(engine.key, engine.plan, engine.manifest, None, keys[0], "dev-1") is not None
+    assert engine.plan.stat().st_size > 20 * MIN_RATE_BPS // 10  # > 2 s at the minimum rate
+    with slow_proxy(registry.port, delay_s=0.05, piece=512) as port:
+        dripping = EngineCache(parse_cache_url(f"oci://127.0.0.1:{port}/site/engines"), timeout_s=1)
+        with pytest.raises(CacheUnavailable, match=r"too slow \(under 64 KiB/s on average\)"):
+            dripping.pull(engine.key, tmp_path / "d", keys[1])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tls_with_the_registrys_ca_works_and_without_it_is_refused(

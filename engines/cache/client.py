@@ -24,11 +24,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+import urllib3
 
 from engines.cache import artifact
 from engines.cache.errors import CacheRejected, CacheUnavailable
@@ -41,6 +42,7 @@ from engines.store.fsutil import fsync_dir
 
 FILES = {"plan": "engine.plan", "manifest": "manifest.json", "timing_cache": "timing.cache"}
 _CHUNK = 1 << 20
+MIN_RATE_BPS = 64 * 1024  # slower on average (after timeout_s) and the registry counts as unavailable
 
 
 @dataclass(frozen=True)
@@ -209,15 +211,31 @@ class EngineCache:
             raise CacheRejected(f"OCI manifest of tag {key}: digest {digest}, not the {said[:80]} announced")
         return digest, artifact.parse_oci_manifest(body)
 
+    def _chunks(self, r: requests.Response, size: int) -> Iterator[bytes]:
+        """The body as it arrives. A registry that answers but drips (each read within timeout_s) is cut
+        off once the body is slower on average than MIN_RATE_BPS after the first timeout_s."""
+        deadline = time.monotonic() + self.timeout_s + size / MIN_RATE_BPS
+        # urllib3 >= 2: read1 returns what has arrived, without waiting for the whole amount.
+        read = getattr(r.raw, "read1", None) or r.raw.read
+        try:
+            while True:
+                data = read(64 << 10, decode_content=True)
+                if not data:
+                    return
+                yield data
+                if time.monotonic() > deadline:
+                    raise CacheUnavailable(
+                        f"{self._registry.where}: too slow (under {MIN_RATE_BPS // 1024} KiB/s on average)"
+                    )
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise unavailable(self._registry.where, e, self.timeout_s) from None
+
     def _read_small(self, r: requests.Response, limit: int, what: str) -> bytes:
         data = bytearray()
-        try:
-            for chunk in r.iter_content(64 * 1024):
-                data += chunk
-                if len(data) > limit:
-                    raise CacheRejected(f"{what}: larger than {limit} bytes")
-        except requests.RequestException as e:
-            raise unavailable(self._registry.where, e, self.timeout_s) from None
+        for chunk in self._chunks(r, limit):
+            data += chunk
+            if len(data) > limit:
+                raise CacheRejected(f"{what}: larger than {limit} bytes")
         return bytes(data)
 
     def _blob(self, layer: artifact.Layer) -> requests.Response:
@@ -254,15 +272,12 @@ class EngineCache:
         """Stream one blob into `path`, checking its size and sha256 as it arrives; the bytes written."""
         h, n = hashlib.sha256(), 0
         with self._blob(layer) as r, open(path, "wb") as f:
-            try:
-                for chunk in r.iter_content(_CHUNK):
-                    n += len(chunk)
-                    if n > layer.size:
-                        raise CacheRejected(f"{layer.role} blob: more than its {layer.size} bytes (tampered)")
-                    h.update(chunk)
-                    f.write(chunk)
-            except requests.RequestException as e:
-                raise unavailable(self._registry.where, e, self.timeout_s) from None
+            for chunk in self._chunks(r, layer.size):
+                n += len(chunk)
+                if n > layer.size:
+                    raise CacheRejected(f"{layer.role} blob: more than its {layer.size} bytes (tampered)")
+                h.update(chunk)
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         if n != layer.size or h.hexdigest() != layer.sha256:

@@ -74,7 +74,7 @@ def unavailable(where: str, exc: Exception, timeout_s: float) -> CacheUnavailabl
         return CacheUnavailable(_tls_reason(where, exc))
     if isinstance(exc, requests.exceptions.Timeout) or "timed out" in str(exc):
         return CacheUnavailable(f"{where}: no answer within {timeout_s:g} s (engines.timeout_s)")
-    if isinstance(exc, requests.exceptions.ConnectionError):
+    if isinstance(exc, (requests.exceptions.ConnectionError, OSError)) or "Connection" in type(exc).__name__:
         why = "connection refused" if "refused" in str(exc).lower() else "connection failed"
         return CacheUnavailable(f"{where}: {why}")
     return CacheUnavailable(f"{where}: {type(exc).__name__}")
