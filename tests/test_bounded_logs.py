@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from fixtures_agent import ASSETS, bundled_model, wait_until
@@ -64,7 +65,7 @@ def test_a_camera_removed_by_reload_leaves_no_last_frame(tmp_path: Path) -> None
 
     clip = str(ASSETS / "bikes.mp4")
     cams = {n: {"url": clip, "model": "detector", "fps": 5, "loop": True} for n in ("street", "side")}
-    data = {
+    data: dict[str, Any] = {
         "device_id": "kept",
         "engine_dir": str(tmp_path / "engines"),
         "models": {"detector": bundled_model()},

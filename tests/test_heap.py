@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -63,7 +64,7 @@ def test_the_running_agent_trims_when_a_camera_streams_and_after_a_reload(
     from agent.config import load_config
 
     monkeypatch.setattr(HEAP, "_min_interval_s", 0.0)
-    data = {
+    data: dict[str, Any] = {
         "device_id": "heap",
         "engine_dir": str(tmp_path / "engines"),
         "models": {"detector": bundled_model()},
