@@ -5,7 +5,8 @@
     store/      the engine store: plans, manifests, previous plans, the build lock, crash-safe writes
     runtimes/   backends that run a model (ONNX Runtime, TensorRT slots, replay) and per-layer profiles
     cuda/       cuda-python buffers, streams, kernels, and the GPU probe
-    fingerprint, manifest, precision, plan, settings, buildproc, errors: shared by the packages above
+    cache/      the fleet's shared engine cache: signed OCI artifacts in a registry (push, verified pull)
+    fingerprint, manifest, precision, plan, settings, buildproc, keys, errors: shared by the packages above
 
 Imports nothing of agent/ or pipelines/ (imports flow agent -> pipelines -> engines).
 """
