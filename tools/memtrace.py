@@ -41,6 +41,7 @@ ZONES = (
     [[0.1, 0.1], [0.6, 0.1], [0.6, 0.9], [0.1, 0.9]],
     [[0.4, 0.1], [0.9, 0.1], [0.9, 0.9], [0.4, 0.9]],
 )
+FAULTS = ("camera", "broker", "reload", "junk")
 JUNK = (
     b"",
     b"{",
@@ -214,19 +215,23 @@ def cycle(
     agent: subprocess.Popen[bytes],
     state: dict[str, Any],
 ) -> None:
-    for cam in cams:  # every camera reboots: killed, back after a while on the same port
-        stop(cam.proc, signal.SIGKILL if state["i"] % 2 else signal.SIGTERM)
-    time.sleep(args.down_s)
-    for cam in cams:
-        cam.start()
-    stop(broker.proc)
-    time.sleep(2.0)
-    broker.start()
-    state["flip"] ^= 1
-    write_config(state["config"], agent_config(args.out, cams, broker.port, args.fps, state["flip"]))
-    os.kill(agent.pid, signal.SIGHUP)
-    time.sleep(3.0)
-    junk_burst(broker.port, state["rng"])
+    if "camera" in args.faults:  # every camera reboots: killed, back after a while on the same port
+        for cam in cams:
+            stop(cam.proc, signal.SIGKILL if state["i"] % 2 else signal.SIGTERM)
+        time.sleep(args.down_s)
+        for cam in cams:
+            cam.start()
+    if "broker" in args.faults:
+        stop(broker.proc)
+        time.sleep(2.0)
+        broker.start()
+    if "reload" in args.faults:
+        state["flip"] ^= 1
+        write_config(state["config"], agent_config(args.out, cams, broker.port, args.fps, state["flip"]))
+        os.kill(agent.pid, signal.SIGHUP)
+        time.sleep(3.0)
+    if "junk" in args.faults:
+        junk_burst(broker.port, state["rng"])
     time.sleep(args.settle_s)  # reconnects done, the pipeline streaming again
 
 
@@ -238,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-s", type=float, default=30.0)
     ap.add_argument("--down-s", type=float, default=6.0, help="how long the cameras stay down each cycle")
     ap.add_argument("--settle-s", type=float, default=15.0)
+    ap.add_argument(
+        "--faults",
+        type=lambda v: set(v.split(",")),
+        default=set(FAULTS),
+        help=f"which faults each cycle injects, comma-separated (default: {','.join(FAULTS)})",
+    )
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument(
         "--trim", action="store_true", help="malloc_trim in the agent at each snapshot (RSS after it too)"
@@ -245,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the agent's environment")
     ap.add_argument("--out", type=Path, default=Path("memtrace-out"))
     args = ap.parse_args(argv)
+    if args.faults - set(FAULTS):
+        ap.error(f"--faults: unknown {sorted(args.faults - set(FAULTS))} (known: {', '.join(FAULTS)})")
     import psutil
 
     args.out.mkdir(parents=True, exist_ok=True)
