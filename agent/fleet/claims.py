@@ -142,6 +142,7 @@ class BuildClaims:
         c = claims_client(self._settings, self.client_id)
         c.on_connect, c.on_disconnect, c.on_message = self._on_connect, self._on_disconnect, self._on_message
         c.on_subscribe, c.on_unsubscribe, c.on_publish = self._on_sub, self._on_unsub, self._on_pub
+        c.on_connect_fail = self._on_connect_fail
         return c
 
     def _wait(self, done: Callable[[], bool], what: str) -> None:
@@ -152,7 +153,7 @@ class BuildClaims:
                 or self._stop.is_set()
             ):
                 why = self._error if not self._connected and self._error else what
-                raise ClaimsUnavailable(f"{self.where}: {why} within {self.timeout_s:g} s")
+                raise ClaimsUnavailable(f"{self.where}: {why} (waited {self.timeout_s:g} s)")
 
     # ---- the three calls -------------------------------------------------------------------------
     def claim(self, key: str) -> bool:
@@ -325,6 +326,10 @@ class BuildClaims:
             with self._cond:
                 self._barriers[int(mid or 0)] = key
         self._renew_all()  # a held claim, re-asserted at once
+
+    def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
+        with self._cond:  # paho keeps the cause to itself; the agent's own client logs it in detail
+            self._error = "not reachable, or the TLS handshake failed (see the agent's MQTT log lines)"
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         with self._cond:
