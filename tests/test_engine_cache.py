@@ -165,14 +165,15 @@ def test_an_unsigned_artifact_is_rejected(
         _cache(registry).pull(a.key, tmp_path / "d", trust)
 
 
-def test_a_plain_oras_push_is_not_an_engine_artifact(
-    registry: DockerRegistry, engines: dict[str, Engine], trust: PlanTrust, tmp_path: Path
+def test_a_plain_oras_push_is_not_an_engine_artifact_and_not_replaced(
+    registry: DockerRegistry, engines: dict[str, Engine], signer: PlanSigner, trust: PlanTrust, tmp_path: Path
 ) -> None:
     a = engines["a"]
     push_raw(registry, a.key, [(a.plan.read_bytes(), artifact.PLAN)], tmp_path / "raw",
              config="application/vnd.unknown.config.v1+json")
     with pytest.raises(CacheRejected, match="not an engine artifact"):
         _cache(registry).pull(a.key, tmp_path / "d", trust)
+    assert _push(_cache(registry), a, signer) is None  # whatever holds the tag, a push never replaces it
 
 
 def test_an_extra_or_unknown_layer_is_rejected(

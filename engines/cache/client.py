@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import oras.defaults
 import requests
 import urllib3
 
@@ -98,7 +99,9 @@ class EngineCache:
         """Is there a manifest under tag `key`? (CacheUnavailable when the registry cannot tell.)"""
         _check_tag(key)
         url = f"{self._registry.prefix}://{self._registry.get_container(self.ref.target(key)).manifest_url()}"
-        r = self._registry.do_request(url, "HEAD", headers={"Accept": artifact.OCI_MANIFEST})
+        # Any manifest kind counts: a tag holding something else is not ours to replace either.
+        accept = ", ".join(oras.defaults.default_manifest_accepted_media_types)
+        r = self._registry.do_request(url, "HEAD", headers={"Accept": accept})
         if r.status_code in (200, 404):
             return r.status_code == 200
         raise CacheUnavailable(f"{self._registry.where}: answered {r.status_code} to a manifest lookup")
