@@ -164,9 +164,10 @@ class LocalDeployHost:
         if not result.ok:
             raise DeployError(f"building: the engine build failed: {result.error}"[:400])
         log.info(
-            "deployment %s: engine %s built; the candidate is checked on ONNX Runtime (%s)",
+            "deployment %s: engine %s %s; the candidate is checked on ONNX Runtime (%s)",
             ctx.name,
             result.key,
+            "pulled from the engine cache" if result.origin == "cache" else "built",
             "it runs here once promoted" if engine_runs_here(target.fingerprint) else "it cannot run here",
         )
 
