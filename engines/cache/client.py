@@ -127,11 +127,15 @@ class EngineCache:
             raise ValueError(f"manifest {manifest} records key {recorded!r}, not {key!r}")
         if self.exists(key):
             return None
-        sums = {"plan": _sha256(plan), "manifest": _sha256(manifest)}
-        tc_sha = None if timing_cache is None else _sha256(timing_cache)
-        st = artifact.statement(key, builder, sums["plan"], sums["manifest"], tc_sha)
-        signed = artifact.signature_document(st, signer.key_id, signer.sign(artifact.canonical(st)))
         with tempfile.TemporaryDirectory(prefix="edge-agent-push-") as tmp:
+            # What is signed is what is sent: the manifest and the timing cache (rewritten in place by the
+            # next build of any model) are pushed from copies; a stored plan is never rewritten.
+            manifest = Path(shutil.copyfile(manifest, Path(tmp) / "manifest.json"))
+            if timing_cache is not None:
+                timing_cache = Path(shutil.copyfile(timing_cache, Path(tmp) / "timing.cache"))
+            tc_sha = None if timing_cache is None else _sha256(timing_cache)
+            st = artifact.statement(key, builder, _sha256(plan), _sha256(manifest), tc_sha)
+            signed = artifact.signature_document(st, signer.key_id, signer.sign(artifact.canonical(st)))
             sig, config = Path(tmp) / "signature.json", Path(tmp) / "config.json"
             sig.write_bytes(signed)
             config.write_bytes(b"{}")
@@ -139,7 +143,7 @@ class EngineCache:
             if timing_cache is not None:
                 files.insert(2, (timing_cache, artifact.TIMING_CACHE))
             r = self._oras_push(key, files, config, builder)
-        size = sum(p.stat().st_size for p, _ in files[:-1]) + len(signed)
+            size = sum(p.stat().st_size for p, _ in files)
         return Pushed(r.headers.get("Docker-Content-Digest", ""), size, time.monotonic() - t0)
 
     def _oras_push(
