@@ -152,3 +152,35 @@ def test_junk_device_states_never_break_a_step() -> None:
         assert rec.reason is None or (len(rec.reason) <= 512 and "\n" not in rec.reason)
         assert 0.0 <= rec.progress <= 1.0
 
+
+def test_wait_bounds_the_drive_and_resume_goes_on_with_the_same_document(
+    mqtt_broker: Broker, tmp_path: Path
+) -> None:
+    retain(mqtt_broker.port, [_status("x", "offline")])
+    doc = str(_document(tmp_path))
+    first = run_cli(
+        "fleet",
+        "deploy",
+        doc,
+        "--devices",
+        "x",
+        "--offline-timeout",
+        "3",
+        "--wait",
+        "0.5",
+        *_flags(mqtt_broker),
+    )
+    assert first.returncode == 1 and "go on with --resume" in first.stdout, first.stdout + first.stderr
+    rid = first.stdout.split()[1]
+    held = json.loads(run_cli("fleet", "rollouts", rid, "--json", *_flags(mqtt_broker)).stdout)
+    assert held["status"] == "running" and held["devices"]["x"]["stage"] == "pending"
+    other = str(_document(tmp_path, name="other.json", watch_s=0))
+    wrong = run_cli("fleet", "deploy", other, "--resume", rid, *_flags(mqtt_broker))
+    assert wrong.returncode == 2 and "not the document of this rollout" in wrong.stderr
+    again = run_cli("fleet", "deploy", doc, "--resume", rid, "--json", *_flags(mqtt_broker))
+    assert again.returncode == 1, again.stdout + again.stderr
+    state = json.loads(again.stdout)
+    assert state["id"] == rid and state["status"] == "halted"
+    assert state["devices"]["x"]["stage"] == "failed" and "offline for 3 s" in state["devices"]["x"]["reason"]
+    over = run_cli("fleet", "deploy", doc, "--resume", rid, *_flags(mqtt_broker))
+    assert over.returncode == 2 and f"rollout {rid} is halted: nothing to resume" in over.stderr

@@ -11,6 +11,7 @@ dropped (counted in `unreadable`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -201,7 +202,9 @@ class Bus:
         """Publish `{prefix}/{device}/cmd/{action}` (QoS 1); the sequence number answers come after."""
         mark = self.seq
         info = self._c.publish(f"{self.broker.prefix}/{device}/cmd/{action}", body, qos=1)
-        info.wait_for_publish(10.0)
+        # Not connected now: paho sends it at the reconnect, or the device's step fails it (no answer).
+        with contextlib.suppress(RuntimeError, ValueError):
+            info.wait_for_publish(10.0)
         return mark
 
     def save(self, rollout: Rollout) -> bool:
@@ -209,7 +212,10 @@ class Bus:
         info = self._c.publish(topic(self.broker.prefix, rollout.id), rollout.payload(), qos=1, retain=True)
         try:
             info.wait_for_publish(10.0)
-        except RuntimeError:  # not connected now: paho keeps it queued, the next change sends it again
+        except (
+            RuntimeError,
+            ValueError,
+        ):  # not connected: paho keeps it queued; the next change sends it too
             return False
         return info.is_published()
 

@@ -86,9 +86,10 @@ class Runner:
             for rec in r.devices.values():
                 if rec.stage == PENDING:
                     rec.reason = "not sent: the rollout halted"
-            r.status = HALTED
             if r.options.rollback_on_halt:
-                self._rollback(deadline)
+                self._rollback()  # still `running` meanwhile: a driver killed here is resumed into it
+            if r.status == RUNNING:
+                r.status = HALTED
         self._save(None)
         return r
 
@@ -156,36 +157,50 @@ class Runner:
         return f"{len(failed)} failed, more than --max-failures {k}: {said}{more}"[:500]
 
     # ---- rollback ------------------------------------------------------------------------------------
-    def _rollback(self, deadline: float | None) -> None:
+    def _rollback(self) -> None:
         """cmd/rollback to each device this rollout changed that still serves its version; waits for the
-        answers (a device offline beyond the offline timeout: rollback_failed)."""
+        answers (none within the offline timeout + 60 s: rollback_failed). Resumed mid-rollback, a device
+        whose rollback was sent is sent it again only while it still serves this version."""
         r, opts = self.r, self.r.options
         for rec in r.devices.values():
-            seen = self.bus.deployment(rec.device)
-            state = None if seen is None else seen.body
-            if rec.stage == ROLLING_BACK or not rec.promoted or rec.already or not self.goal.ours(state):
-                continue
-            if state is None or state.get("stage") not in (SERVING, WATCHING):
-                continue  # rolled back by itself (its watch), or replaced since
-            body: dict[str, Any] = {"model": r.model, "request_id": f"{r.id}.rollback"}
-            if rec.previous is not None:
-                body["to"] = rec.previous  # exactly what served before (none: the config's own model)
-            before = asdict(rec)
-            rec.stage, rec.reason = ROLLING_BACK, f"to {rec.previous or 'the config model'}"
-            self._marks[rec.device] = self.bus.send(rec.device, "rollback", json.dumps(body).encode())
-            self._changed(rec, before)
+            if rec.stage == ROLLING_BACK and self._marks.get(rec.device, 0) is None:  # sent before a resume
+                if self._serves_ours(rec):
+                    self._send_rollback(rec)
+                else:
+                    before = asdict(rec)
+                    rec.move(ROLLED_BACK_D, "rolled back (seen after the resume)", self.clock())
+                    self._changed(rec, before)
+            elif rec.stage not in (ROLLING_BACK, ROLLED_BACK_D, ROLLBACK_FAILED) and self._serves_ours(rec):
+                self._send_rollback(rec)
         limit = self.clock() + opts.offline_timeout_s + ROLLBACK_ANSWER_S
         while any(rec.stage == ROLLING_BACK for rec in r.devices.values()):
             now = self.clock()
             for rec in r.devices.values():
                 if rec.stage == ROLLING_BACK:
-                    self._rollback_step(rec, now, now >= limit or (deadline is not None and now >= deadline))
+                    self._rollback_step(rec, now, now >= limit)
             time.sleep(self.poll_s)
         failed = [rec.device for rec in r.devices.values() if rec.stage == ROLLBACK_FAILED]
         if failed:
             r.halted_reason = f"{r.halted_reason}; rollback failed on {', '.join(failed[:5])}"[:600]
         else:
             r.status = ROLLED_BACK
+
+    def _serves_ours(self, rec: DeviceRecord) -> bool:
+        """This rollout promoted its version on the device (not one that served it already) and it still
+        serves it (not rolled back by its own watch, not replaced since)."""
+        seen = self.bus.deployment(rec.device)
+        state = None if seen is None else seen.body
+        ours = state is not None and self.goal.ours(state) and state.get("stage") in (SERVING, WATCHING)
+        return rec.promoted and not rec.already and ours
+
+    def _send_rollback(self, rec: DeviceRecord) -> None:
+        body: dict[str, Any] = {"model": self.r.model, "request_id": f"{self.r.id}.rollback"}
+        if rec.previous is not None:
+            body["to"] = rec.previous  # exactly what served before (none: the config's own model)
+        before = asdict(rec)
+        rec.stage, rec.reason = ROLLING_BACK, f"to {rec.previous or 'the config model'}"
+        self._marks[rec.device] = self.bus.send(rec.device, "rollback", json.dumps(body).encode())
+        self._changed(rec, before)
 
     def _rollback_step(self, rec: DeviceRecord, now: float, late: bool) -> None:
         before = asdict(rec)
