@@ -33,6 +33,7 @@ LABELS = ASSETS / "coco.names"
 OFFLINE_FIELDS = {
     *("schema", "ts", "state", "reason", "version", "started_at", "cameras_up", "cameras_total"),
     "instance",  # the process (agent.mqtt): tells a second agent with the same device id apart
+    "groups",  # mqtt.groups: `fleet deploy --group` finds a group's devices by it, offline ones too
 }
 
 TimedMessage = tuple[float, str, bytes, bool]  # monotonic arrival time, topic, payload, retain
