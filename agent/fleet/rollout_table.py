@@ -24,8 +24,10 @@ REDRAW_S = 0.5  # a TTY redraws at most this often (a stage change redraws at on
 
 
 def progress(rec: DeviceRecord) -> str:
+    """`building 40%` (the device's own stage and how far within it), `soak 35%`; "" once it is over."""
     if rec.stage == DEPLOYING:
-        return f"{rec.deployment or 'sent'} {rec.progress:.0%}"
+        stage = rec.deployment or "sent"
+        return f"{stage} {rec.progress:.0%}" if rec.progress > 0 else stage
     if rec.stage == SOAKING:
         return f"soak {rec.progress:.0%}"
     return ""
