@@ -7,6 +7,7 @@
     with running_registry(tmp_path, pki=make_pki(...), users={"u": "p"}) as reg:  # TLS + htpasswd
     with slow_proxy(reg.port, delay_s=30) as port:                # answers only after delay_s
     with slow_proxy(reg.port, delay_s=0.05, piece=512) as port:   # drips: 512 bytes every 50 ms
+    with running_token_server(tmp, {"u": "p"}) as ts, running_registry(tmp, token=ts) as reg:  # Bearer
 
 htpasswd: Distribution accepts bcrypt hashes only; they are made with the `bcrypt` package (a test
 dependency: apache2-utils' htpasswd is not needed). Every process is stopped in `finally`.
@@ -14,17 +15,28 @@ dependency: apache2-utils' htpasswd is not needed). Every process is stopped in 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import datetime
+import json
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.x509.oid import NameOID
 from fixtures_http import Pki
 from fixtures_mqtt import free_port, port_open
 
@@ -37,7 +49,8 @@ class DockerRegistry:
     """docker-registry serving `workdir/storage` on 127.0.0.1:port; start/stop/kill/start on the same port."""
 
     def __init__(
-        self, workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None
+        self, workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None,
+        token: TokenServer | None = None,
     ) -> None:
         if DOCKER_REGISTRY is None:
             raise RuntimeError("docker-registry is not installed (apt-get install docker-registry)")
@@ -65,6 +78,11 @@ class DockerRegistry:
                         for u, p in users.items())
             )
             lines.append(f"auth: {{htpasswd: {{realm: edge-agent-test, path: '{htpasswd}'}}}}")
+        if token is not None:
+            lines.append(
+                f"auth: {{token: {{realm: '{token.realm}', service: {TOKEN_SERVICE}, issuer: {TOKEN_ISSUER},"
+                f" rootcertbundle: '{token.cert_file}'}}}}"
+            )
         self.conf.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -127,10 +145,11 @@ class DockerRegistry:
 
 @contextlib.contextmanager
 def running_registry(
-    workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None
+    workdir: Path, *, pki: Pki | None = None, users: dict[str, str] | None = None,
+    token: TokenServer | None = None,
 ) -> Iterator[DockerRegistry]:
     workdir.mkdir(parents=True, exist_ok=True)
-    reg = DockerRegistry(workdir, pki=pki, users=users)
+    reg = DockerRegistry(workdir, pki=pki, users=users, token=token)
     try:
         reg.start()
         yield reg
@@ -202,3 +221,99 @@ def slow_proxy(upstream_port: int, delay_s: float, piece: int | None = None) -> 
         for s in sockets:
             with contextlib.suppress(OSError):
                 s.close()
+
+
+# -- a token server (docker's token protocol, as Harbor or GitLab run one) -------------------------------
+TOKEN_SERVICE = "edge-agent-test"
+TOKEN_ISSUER = "edge-agent-test-issuer"
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class TokenServer:
+    """Issues ES256 JWTs the registry (`auth: token`) trusts through `cert_file` (the signing key's own
+    certificate, sent as x5c): users from `users` get pull and push on what they ask for; anonymous
+    requests get pull only when `anonymous_pull`. `requests` records (user or None, scope)."""
+
+    def __init__(self, workdir: Path, users: dict[str, str], anonymous_pull: bool = False) -> None:
+        self.users, self.anonymous_pull = users, anonymous_pull
+        self.requests: list[tuple[str | None, str]] = []
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-agent test token signer")])
+        self.cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .sign(self.key, hashes.SHA256())
+        )
+        self.cert_file = workdir / "token-signer.pem"
+        self.cert_file.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.realm = f"http://127.0.0.1:{self.httpd.server_port}/token"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+
+    def token(self, user: str | None, scope: str) -> str:
+        actions = ["pull", "push"] if user else ["pull"]
+        access = []
+        if scope.count(":") == 2:
+            kind, name, wanted = scope.split(":")
+            access = [{"type": kind, "name": name, "actions": [a for a in wanted.split(",") if a in actions]}]
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "ES256",
+                  "x5c": [base64.b64encode(self.cert.public_bytes(serialization.Encoding.DER)).decode()]}
+        claims = {"iss": TOKEN_ISSUER, "sub": user or "", "aud": TOKEN_SERVICE, "exp": now + 300,
+                  "nbf": now - 10, "iat": now, "jti": secrets.token_hex(8), "access": access}
+        signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        r, s = decode_dss_signature(self.key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+        return f"{signing_input}.{_b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+    def _user(self, authorization: str) -> str | bool | None:
+        """The user of a valid Basic header, None without one, False for a wrong one."""
+        if not authorization.startswith("Basic "):
+            return None
+        user, _, password = base64.b64decode(authorization[6:]).decode().partition(":")
+        return user if self.users.get(user) == password else False
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                user = server._user(self.headers.get("Authorization", ""))
+                server.requests.append((user or None, query.get("scope", "")))
+                if user is False or (user is None and not server.anonymous_pull):
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                body = json.dumps({"token": server.token(user or None, query.get("scope", "")),
+                                   "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+@contextlib.contextmanager
+def running_token_server(workdir: Path, users: dict[str, str], anonymous_pull: bool = False
+                         ) -> Iterator[TokenServer]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = TokenServer(workdir, users, anonymous_pull)
+    server.thread.start()
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+        server.thread.join(5)

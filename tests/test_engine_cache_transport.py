@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from engine_cache_fixtures import Engine, build_tiny, tiny_onnx
 from fixtures_http import make_pki
-from fixtures_registry import DockerRegistry, running_registry, slow_proxy
+from fixtures_registry import DockerRegistry, running_registry, running_token_server, slow_proxy
 
 from engines.cache.client import MIN_RATE_BPS, EngineCache
 from engines.cache.errors import CacheUnavailable
@@ -129,6 +129,30 @@ def test_htpasswd_login_works_and_a_wrong_password_is_named_never_shown(
 
         with pytest.raises(CacheUnavailable, match="asks for a login and no credentials file is configured"):
             EngineCache(url, timeout_s=5).pull(engine.key, tmp_path / "d2", keys[1])
+
+
+def test_a_token_registry_logs_in_through_its_token_server(
+    tmp_path: Path, engine: Engine, keys: tuple[PlanSigner, PlanTrust]
+) -> None:
+    """Distribution with `auth: token` (how Harbor and GitLab registries work): the client fetches a bearer
+    token per scope from the realm with the credentials file's login; anonymous pulls where allowed."""
+    with running_token_server(tmp_path / "tokens", {"fleet": PASSWORD}, anonymous_pull=True) as tokens, \
+            running_registry(tmp_path / "reg", token=tokens) as reg:
+        url = parse_cache_url(reg.url())
+        good = _credentials(tmp_path / "good.json", "fleet", PASSWORD)
+        _round_trip(EngineCache(url, credentials_file=good, timeout_s=5), engine, keys, tmp_path / "d")
+        scopes = {scope for user, scope in tokens.requests if user == "fleet"}
+        assert scopes == {"repository:site/engines:pull", "repository:site/engines:pull,push"}, scopes
+
+        assert EngineCache(url, timeout_s=5).pull(engine.key, tmp_path / "d2", keys[1]) is not None
+        elsewhere = EngineCache(parse_cache_url(reg.url("site/other")), timeout_s=5)  # anonymous: pull only
+        with pytest.raises(CacheUnavailable, match=r"without a login \(no credentials file configured\)"):
+            elsewhere.push(engine.key, engine.plan, engine.manifest, None, keys[0], "dev-1")
+
+        wrong = _credentials(tmp_path / "wrong.json", "fleet", PASSWORD + "x")
+        with pytest.raises(CacheUnavailable, match=f"its token server refused the user of {wrong}") as e:
+            EngineCache(url, credentials_file=wrong, timeout_s=5).pull(engine.key, tmp_path / "d3", keys[1])
+        assert PASSWORD not in str(e.value)
 
 
 @pytest.mark.parametrize(

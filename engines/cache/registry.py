@@ -3,8 +3,10 @@
 oras-py retries every failed request five times with sleeps of 3 to 83 s, sends no timeout, and reads the
 user's ~/.docker/config.json; here a request has a timeout (connect, and between bytes), is never retried
 (the caller builds locally instead), reads no Docker config, and answers a 401 with the Basic login of the
-credentials file. Every failure to reach or use the registry is a CacheUnavailable whose reason names the
-registry and the cause, never a credential.
+credentials file, or with a bearer token from the registry's token server (docker's token protocol, as
+Harbor, GitLab or a Distribution with `auth: token` use; asked with the same credentials, or anonymously).
+Every failure to reach or use the registry is a CacheUnavailable whose reason names the registry and the
+cause, never a credential.
 
 Credentials file: JSON `{"username": "...", "password": "..."}` (as `docker login` would store them, in
 clear; keep it 0600).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,8 @@ from engines.cache.errors import CacheUnavailable
 from engines.cache.ref import CacheRef
 
 MAX_CREDENTIALS_FILE = 64 * 1024
+MAX_TOKEN_ANSWER = 1 << 20
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
 def read_credentials(path: Path) -> tuple[str, str]:
@@ -109,15 +114,51 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             raise CacheUnavailable(f"{self.where}: answered {r.status_code} {r.reason}")
         return r
 
-    def _log_in(self, challenge: str) -> None:
+    def _basic(self) -> dict[str, str]:
         if self._credentials is None:
-            raise CacheUnavailable(f"{self.where}: asks for a login and no credentials file is configured")
-        if not challenge.lower().startswith("basic"):
-            # Token servers (Bearer) are not supported yet: an htpasswd (Basic) registry or a proxy is.
-            raise CacheUnavailable(f"{self.where}: asks for a token login (Bearer): only Basic is supported")
+            return {}
         user, password = self._credentials
-        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-        self._login = {"Authorization": f"Basic {token}"}
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")}
+
+    def _log_in(self, challenge: str) -> None:
+        """Answer a 401: Basic with the credentials file, or a token from the challenge's realm (asked
+        with the same credentials; anonymously without them, as registries allowing anonymous pulls want)."""
+        scheme = challenge.split(" ", 1)[0].lower()
+        if scheme == "bearer":
+            self._login = {"Authorization": f"Bearer {self._token(challenge)}"}
+        elif self._credentials is None:
+            raise CacheUnavailable(f"{self.where}: asks for a login and no credentials file is configured")
+        elif scheme == "basic":
+            self._login = self._basic()
+        else:
+            raise CacheUnavailable(f"{self.where}: asks for a login of an unknown kind ({scheme[:20]!r})")
+
+    def _token(self, challenge: str) -> str:
+        """A bearer token for the challenge's service and scope, from its realm (docker's token protocol)."""
+        params = dict(_CHALLENGE_PARAM.findall(challenge))
+        realm = params.get("realm", "")
+        if not realm.startswith(("https://", "http://")):
+            raise CacheUnavailable(f"{self.where}: token login without a usable realm")
+        if realm.startswith("http://") and self.prefix == "https" and self._credentials is not None:
+            raise CacheUnavailable(f"{self.where}: its token server is plain HTTP: no login is sent there")
+        query = {k: params[k] for k in ("service", "scope") if k in params}
+        try:
+            r = self.session.get(realm, params=query, headers=self._basic(), verify=self._tls_verify,
+                                 timeout=(self.timeout_s, self.timeout_s), allow_redirects=False)
+        except requests.RequestException as e:
+            raise unavailable(f"{self.where}'s token server", e, self.timeout_s) from None
+        with r:
+            if r.status_code in (401, 403):
+                who = "anonymous" if self._credentials is None else f"the user of {self._credentials_file}"
+                raise CacheUnavailable(f"{self.where}: its token server refused {who} ({r.status_code})")
+            try:
+                body = r.json() if r.status_code == 200 and len(r.content) <= MAX_TOKEN_ANSWER else None
+            except ValueError:
+                body = None
+        token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token or any(c in token for c in " \r\n"):
+            raise CacheUnavailable(f"{self.where}: its token server answered {r.status_code} without a token")
+        return token
 
     def do_request(
         self,
@@ -128,13 +169,15 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
         json: dict[str, Any] | None = None,
         stream: bool = False,
     ) -> requests.Response:
-        """oras-py's request, without its retries, with a timeout and a Basic login on a 401."""
+        """oras-py's request, without its retries, with a timeout and a login on a 401."""
         headers = dict(headers or {})
         r = self._send(method, url, headers, data=data, json=json, stream=stream)
-        if r.status_code == 401 and not self._login:
+        if r.status_code == 401:  # not logged in, or a token of another scope: answer it once
             r.close()
             self._log_in(r.headers.get("WWW-Authenticate", ""))
             r = self._send(method, url, headers, data=data, json=json, stream=stream)
+        if r.status_code == 401 and self._credentials is None:
+            raise CacheUnavailable(f"{self.where}: refused without a login (no credentials file configured)")
         if r.status_code == 401:
             raise CacheUnavailable(
                 f"{self.where}: login refused for the user of credentials file {self._credentials_file}"
