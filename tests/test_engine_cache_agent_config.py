@@ -142,3 +142,28 @@ def test_a_reload_applies_the_section_to_the_next_build(tmp_path: Path, pub: Pat
     new = parse_config({"models": models, "cameras": {}, "engines": section})
     plan = plan_reload(old, new)
     assert plan.needs_restart == [] and plan.live == ["engines.cache", "engines.push", "engines.trusted_keys"]
+
+
+def test_a_reload_takes_effect_at_the_next_build(tmp_path: Path, pub: Path) -> None:
+    """The engine manager's CacheSetup makes the cache of the config in effect when a build asks: none
+    without `cache`, the same one while the section is unchanged, a new one after a reload changed it."""
+    from agent.lifecycle.cache_setup import CacheSetup
+    from agent.lifecycle.shared_cache import NoClaims
+
+    models = {"det": {"onnx": str(MODEL), "format": "nanodet", "backend": "onnxruntime"}}
+    base = {"models": models, "cameras": {}, "mqtt": {"enabled": False}}
+    key = str(pub.with_suffix(".key"))
+    section = {"cache": CACHE, "trusted_keys": {"dev1": str(pub)}, "signing_key": key}
+    section["signing_key_id"] = "dev1"
+    current = [parse_config(base)]
+    setup = CacheSetup(lambda: current[0])
+    assert setup() is None
+    current[0] = parse_config({**base, "engines": section})
+    first = setup()
+    assert first is not None and first.signer is not None and isinstance(first.claims, NoClaims)
+    assert setup() is first
+    current[0] = parse_config({**base, "engines": {**section, "push": False}})
+    second = setup()
+    assert second is not None and second is not first and second.signer is None
+    current[0] = parse_config(base)
+    assert setup() is None
