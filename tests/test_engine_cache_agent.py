@@ -235,3 +235,28 @@ def test_push_false_builds_and_pushes_nothing(
     assert "build claim" not in agent.text()  # nothing to wait for: it claims nothing
     assert "engine cache oci://" in agent.text() and "(push off)" in agent.text()
     assert json.dumps(got)  # the section is plain JSON
+
+
+def test_two_agents_starting_together_build_once_and_the_other_pulls(
+    tmp_path: Path,
+    mqtt_broker: Broker,
+    registry: DockerRegistry,
+    mqtt_subscribe: Callable[..., Subscriber],
+    start_agent: Callable[[Path], AgentProcess],
+) -> None:
+    """Both miss the empty cache at once: the build claim makes one of them build and push; the other waits
+    for that push and pulls it (one build for the key, not two)."""
+    keys = make_keys(tmp_path, "race-a", "race-b")
+    url = registry.url("site/engines")
+    sub = mqtt_subscribe(mqtt_broker.port, "edge-agent/#")
+    agents = {d: start_agent(config(tmp_path, d, mqtt_broker, url, keys)) for d in keys}
+    kept = {d: engine_kept(sub, d, agent, f"{d}'s engine") for d, agent in agents.items()}
+    assert sorted(k["origin"] for k in kept.values()) == ["built", "cache"], kept
+    builder = next(d for d, k in kept.items() if k["origin"] == "built")
+    waiter = next(d for d in kept if d != builder)
+    assert kept[waiter]["plan_sha256"] == kept[builder]["plan_sha256"]
+    assert f"{builder} builds {kept[builder]['key']}; waiting" in agents[waiter].text()
+    assert "built engine" not in agents[waiter].text()
+    assert settled(sub, waiter, agents[waiter], lambda c: c.get("hits") == 1)["builds"] == 0
+    assert settled(sub, builder, agents[builder], lambda c: c.get("pushes") == 1)["builds"] == 1
+    assert tags(registry) == [kept[builder]["key"]]
