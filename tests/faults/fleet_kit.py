@@ -62,8 +62,9 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def running_fleet(work: Path, n: int) -> Iterator[Fleet]:
-    """N agents of the fleet-rollout bench (a file camera each, deployments on), all online on return."""
+def running_fleet(work: Path, n: int, cache: str | None = None) -> Iterator[Fleet]:
+    """N agents of the fleet-rollout bench (a file camera each, deployments on), all online on return;
+    with `cache` (an oci:// URL) on TensorRT-RTX with that engine cache, plans signed with the fleet key."""
     from agent.deploy.signing import generate_keys
 
     (work / "www").mkdir(parents=True)
@@ -73,7 +74,12 @@ def running_fleet(work: Path, n: int) -> Iterator[Fleet]:
     configs = []
     for i in range(1, n + 1):
         path = work / f"site-{i:02d}.yaml"
-        path.write_text(yaml.safe_dump(agent_config(work, i, BenchOptions(), broker.port, pub)))
+        cfg = agent_config(work, i, BenchOptions(), broker.port, pub)
+        if cache is not None:
+            cfg["models"]["detector"]["backend"] = "tensorrt_rtx"
+            cfg["engines"] = {"cache": cache, "signing_key": str(key), "signing_key_id": "bench",
+                              "trusted_keys": {"bench": str(pub)}, "timeout_s": 5}
+        path.write_text(yaml.safe_dump(cfg))
         configs.append(path)
     fleet = Fleet(work, broker, store, key, configs)
     try:
