@@ -1,7 +1,7 @@
 """Helpers of tests/faults/test_fleet_faults.py: a fleet of real agents on one mosquitto, the artifact store
 (nginx) and signed documents of the fleet-rollout bench (agent/bench/fleet_rollout.py: its agent configs
-and documents are reused here), `fleet deploy` as the operator runs it, and the retained deployment and
-rollout states read from a subscriber's messages.
+and documents are reused here, optionally on TensorRT-RTX with an engine cache), `fleet deploy` as the
+operator runs it, and the engine cache's rig: agents of one device kind on one registry.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from agent.bench.deploy_rig import Service, mosquitto, nginx
 from agent.bench.fleet_rollout import PREFIX, agent_config, document
 
 REPO = Path(__file__).resolve().parents[2]
-FINAL = ("serving", "rejected", "rolled_back", "failed")
 
 
 @dataclass
@@ -111,27 +110,12 @@ def online(msgs: list[Message], device: str) -> bool:
     return bool(status) and status[-1].get("state") == "online"
 
 
-def deployments(msgs: list[Message], device: str) -> list[dict[str, Any]]:
-    return payloads(msgs, f"{PREFIX}/{device}/deployments/detector")
 
 
-def serving(msgs: list[Message], device: str) -> str | None:
-    """The version the device's states say it serves (None: the config's own model)."""
-    version = None
-    for s in deployments(msgs, device):
-        if s.get("stage") == "serving":
-            version = s.get("version")
-    return version
 
 
-def deploy_commands(msgs: list[Message], device: str, version: str) -> int:
-    """cmd/deploy messages that carried `version` to the device."""
-    return sum(d.get("version") == version for d in payloads(msgs, f"{PREFIX}/{device}/cmd/deploy"))
 
 
-def rollout_state(msgs: list[Message], rollout_id: str) -> dict[str, Any]:
-    found = payloads(msgs, f"{PREFIX}/_fleet/rollouts/{rollout_id}")
-    return found[-1] if found else {}
 
 
 def fleet_args(fleet: Fleet, doc: Path, *extra: str) -> list[str]:
