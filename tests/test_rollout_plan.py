@@ -159,8 +159,9 @@ def test_malformed_states_are_refused_never_crash() -> None:
         except ValueError:
             continue
         try:
-            Rollout.from_payload(raw)
+            back = Rollout.from_payload(raw)
             accepted += 1  # a value that is still valid (a reason of None, a number for a number)
+            render_detail(back), render_list({back.id: back}), json.dumps(back.fields())  # shown, no crash
         except RolloutStateError as exc:
             assert str(exc) and "\n" not in str(exc)
     assert accepted < len(_mutations(body)) // 2
