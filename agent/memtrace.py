@@ -4,8 +4,8 @@
 
 starts tracemalloc (25 frames) and a daemon thread that, for every file `/tmp/mt/request-<name>` that
 appears, runs a full garbage collection and writes `/tmp/mt/snap-<name>.tracemalloc` (a tracemalloc
-snapshot) and `/tmp/mt/snap-<name>.json` (live objects per type, threads, RSS; with `trim` in the
-request also the RSS after glibc's malloc_trim), then removes the request.
+snapshot) and `/tmp/mt/snap-<name>.json` (live objects per type, threads, RSS, the largest
+mappings; with `trim` in the request also the RSS after glibc's malloc_trim), then removes the request.
 Why a polled folder and not a signal: a Python signal handler may run inside a lock the main thread holds
 (agent.service.signals), and a snapshot takes seconds. Tracing costs CPU and memory: never in production.
 """
@@ -34,6 +34,25 @@ def rss_bytes() -> int | None:
         return None
 
 
+def big_mappings(top: int = 12) -> list[tuple[str, str, float]]:
+    """The largest mappings by resident size: (start-end, path or "", rss MB). A new one that stays is a
+    native allocation in use (an mmapped block, an arena, a library's pool)."""
+    rows: list[tuple[str, str, float]] = []
+    where = ("", "")
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                first = line.split(" ", 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    parts = line.split()
+                    where = (parts[0], parts[5] if len(parts) > 5 else "")
+                elif line.startswith("Rss:"):
+                    rows.append((*where, round(int(line.split()[1]) / 1024, 1)))
+    except OSError:
+        return []
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
 def malloc_trim() -> bool:
     """glibc's malloc_trim(0): free heap pages back to the system (False where there is no glibc)."""
     try:
@@ -55,6 +74,7 @@ def dump(folder: Path, name: str, trim: bool = False) -> None:
         "rss_trimmed_bytes": rss_bytes() if trim and malloc_trim() else None,
         "traced_bytes": tracemalloc.get_traced_memory()[0],
         "threads": sorted(t.name for t in threading.enumerate()),
+        "mappings": big_mappings(),
         "types": dict(census.most_common(400)),
     }
     snap = tracemalloc.take_snapshot()

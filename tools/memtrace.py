@@ -205,7 +205,9 @@ def report(folder: Path, base: str, name: str, top: int) -> dict[str, Any]:
     jb = json.loads((folder / f"snap-{name}.json").read_text())
     types = {t: jb["types"][t] - ja["types"].get(t, 0) for t in jb["types"]}
     grown = dict(sorted(((t, d) for t, d in types.items() if d > 0), key=lambda x: -x[1])[:15])
-    return {"sites": sites, "types": grown}
+    before = {m[0]: m[2] for m in ja.get("mappings", [])}
+    maps = [m for m in jb.get("mappings", []) if m[2] - before.get(m[0], 0.0) >= 4.0]
+    return {"sites": sites, "types": grown, "mappings_grown_mb": maps}
 
 
 def cycle(
