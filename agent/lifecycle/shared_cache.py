@@ -22,6 +22,7 @@ pulls; it is pushed like any, and a push never overwrites a tag.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -31,19 +32,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.fleet.acquire import Acquired, acquire_engine
+from agent.lifecycle.calibration import CalibrationError
 from agent.lifecycle.job import JobResult, resolved_settings
 from agent.lifecycle.model import ModelContext
 from agent.telemetry.engine_cache import ENGINE_CACHE
 from engines.build.builder import timing_cache_path
 from engines.build.compat import BuildSpec, build_spec, check, differences
 from engines.cache.client import EngineCache, Pulled, Pushed
-from engines.cache.errors import CacheRejected
+from engines.cache.errors import CacheRejected, CacheUnavailable
 from engines.cache.signing import PlanSigner, PlanTrust
 from engines.errors import EngineError, ManifestError
 from engines.fingerprint import Fingerprint
 from engines.manifest import Manifest, load_manifest
 from engines.plan import Capabilities, plan_steps
 from engines.precision import Precision
+from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.store.fsutil import atomic_write_bytes
 
@@ -115,12 +118,13 @@ class SharedCache:
         build: Callable[[], JobResult],
     ) -> JobResult:
         """The job's result: pulled (origin `cache`) or built by `build` (the job) and pushed."""
-        spec = expected_spec(ctx, caps, fp, precision)
-        if spec is None or force or check(store, ctx.name, ctx.build_settings(spec.precision), fp).ok:
-            # No key before the gate, a forced build, or the engine is here already (the job says so).
+        expected = None if force else expected_spec(ctx, caps, fp, precision)
+        if expected is None or _fits(store, ctx.name, *expected, fp):
+            # A forced build, no key before the gate, or the engine is here already (the job says so).
             result = build()
             self._push_after(ctx, store, fp, result)
             return result
+        spec = expected[1]
         job = _Job(ctx, store, spec, precision)
         got: Acquired[JobResult] = acquire_engine(
             spec.key,
@@ -141,7 +145,11 @@ class SharedCache:
     # ---- pull ------------------------------------------------------------------------------------
     def _pull(self, job: _Job) -> Pulled | None:
         """Pull the key into the store; None for a miss. CacheRejected where what came is unfit here."""
-        tmp = Path(tempfile.mkdtemp(prefix=".cache-pull-", dir=job.store.root))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=".cache-pull-", dir=job.store.root))
+        except OSError as exc:  # this device's disk, not the cache: build (and say why once)
+            why = exc.strerror or exc
+            raise CacheUnavailable(f"no room to stage a pull in {job.store.root}: {why}") from None
         try:
             pulled = self.cache.pull(job.spec.key, tmp / "engine", self.trust, compatible(job.spec))
             self._answered()
@@ -165,10 +173,13 @@ class SharedCache:
         if manifest is None or manifest.path is None:
             return None
         plan = store.plan_path_for(ctx.name, manifest)
-        timing = timing_cache_path(store, fp)
-        pushed = self.cache.push(
-            result.key, plan, manifest.path, timing if timing.is_file() else None, self.signer, self.device
-        )
+        timing: Path | None = timing_cache_path(store, fp)
+        timing = timing if timing is not None and timing.is_file() else None
+        try:
+            pushed = self.cache.push(result.key, plan, manifest.path, timing, self.signer, self.device)
+        except (ValueError, OSError) as exc:  # a manifest without its key, a file gone: ours stays here
+            log.warning("model %s: engine %s not pushed: %s", ctx.name, result.key, exc)
+            return None
         self._answered()
         if pushed is not None:
             ENGINE_CACHE.count(pushes=1, pushed_bytes=pushed.bytes, push_s=pushed.seconds)
@@ -183,9 +194,10 @@ class SharedCache:
         engine = ctx.cfg.engine
         try:
             self._push(ctx, store, fp.for_build(engine.dla_core, engine.target_compute_capability), result)
-        except Exception as exc:  # a push is a favour to the fleet: the engine is here either way
-            reason = getattr(exc, "reason", None) or type(exc).__name__
-            self._say(f"{UNAVAILABLE} (push {result.key}: {reason}); the engine stays here")
+        except CacheUnavailable as exc:  # a push is a favour to the fleet: the engine is here either way
+            self._say(f"{UNAVAILABLE} (push {result.key}: {exc.reason}); the engine stays here")
+        except CacheRejected as exc:
+            self._say(f"engine cache refused the push of {result.key} ({exc.reason})")
 
     # ---- what is said and counted --------------------------------------------------------------------
     def _say(self, line: str) -> None:
@@ -217,18 +229,28 @@ class SharedCache:
 
 def expected_spec(
     ctx: ModelContext, caps: Capabilities, fp: Fingerprint, precision: Precision
-) -> BuildSpec | None:
-    """The build the job would keep, where it is known before the job (module docstring), else None."""
+) -> tuple[BuildSettings, BuildSpec] | None:
+    """The build the job would keep (its settings and spec), where it is known before the job (module
+    docstring), else None."""
     first = plan_steps(precision, caps)[0]
     try:
         if first.precision != "int8":
-            return build_spec(ctx.build_settings(first.precision), fp)
-        if precision != ctx.cfg.precision:
-            return None
-        settings, _, _ = resolved_settings(ctx, caps)  # type: ignore[arg-type]
-        return None if settings is None else build_spec(settings, fp)
-    except EngineError:  # an ONNX that cannot be read: the job says so
+            settings: BuildSettings | None = ctx.build_settings(first.precision)
+        elif precision == ctx.cfg.precision:
+            settings = resolved_settings(ctx, caps)[0]  # type: ignore[arg-type]
+        else:
+            settings = None
+        return None if settings is None else (settings, build_spec(settings, fp))
+    except (EngineError, CalibrationError):  # an ONNX that cannot be read, ...: the job says so
         return None
+
+
+def _fits(store: EngineStore, model: str, settings: BuildSettings, spec: BuildSpec, fp: Fingerprint) -> bool:
+    """The store holds an engine that fits already (compat.check; a store it cannot read: no)."""
+    try:
+        return check(store, model, settings, fp).ok
+    except EngineError:
+        return False
 
 
 def compatible(spec: BuildSpec) -> Callable[[Path], None]:
@@ -257,13 +279,14 @@ def install(store: EngineStore, model: str, spec: BuildSpec, pulled: Pulled) -> 
     try:
         plan = pulled.plan.read_bytes()
         stored = store.write(model, spec.key, plan, Manifest(m.fingerprint, m.build, m.validation, None))
-    except EngineError as exc:
+    except (EngineError, OSError) as exc:
         raise CacheRejected(f"the engine store refused it: {exc}") from None
     if pulled.timing_cache is not None:
         local = timing_cache_path(store, spec.fingerprint)
-        if not local.exists():
-            local.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(local, pulled.timing_cache.read_bytes())
+        with contextlib.suppress(OSError):  # only a cache: the engine is stored
+            if not local.exists():
+                local.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(local, pulled.timing_cache.read_bytes())
     return stored
 
 
