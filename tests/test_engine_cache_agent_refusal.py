@@ -257,3 +257,43 @@ def _trust(keys: Path) -> PlanTrust:
 
 def _unavailable(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.WARNING and "unavailable" in r.message]
+
+
+def test_the_compat_check_of_a_pulled_manifest(tmp_path: Path, fake_gpu: tuple[TrtApi, Fingerprint]) -> None:
+    """What the agent checks on a pulled manifest before its engine is stored (the client checked digests
+    and the signature): the key, this device (another GPU kind is named), the gate of a reduced precision."""
+    from agent.lifecycle.shared_cache import compatible, pushable
+    from engines.cache.errors import CacheRejected
+
+    api, fp = fake_gpu
+    cfg = load_config(write_config(tmp_path, "oci://127.0.0.1:1/site/engines", _keys(tmp_path)))
+    ctx = ModelContext.from_config(cfg, MODEL)
+    store = EngineStore(tmp_path / "other")
+    fp16 = ctx.build_settings("fp16")
+    spec = build_spec(fp16, fp)
+    gated = {"metric": "map50", "value": 0.97, "threshold": 0.9, "passed": True}
+    m = store_engine(store, MODEL, fp16, fp, key=spec.key)
+    store.set_validation(MODEL, spec.key, gated)
+    assert m.path is not None
+    compatible(spec)(m.path)  # fits: nothing raised
+    other_gpu = build_spec(fp16, gpu_fp(api, gpu="Xavier", cc="7.2"))
+    with pytest.raises(CacheRejected, match=f"of engine {spec.key}, not {other_gpu.key}"):
+        compatible(other_gpu)(m.path)  # another key: another device kind's manifest under this tag
+    forged = store_engine(store, "forged", fp16, gpu_fp(api, gpu="Xavier", cc="7.2"), key=spec.key)
+    assert forged.path is not None
+    with pytest.raises(CacheRejected, match="does not fit this device: GPU Xavier"):
+        compatible(spec)(forged.path)  # the right key written into another device's manifest
+    store.set_validation(MODEL, spec.key, {**gated, "passed": False})
+    with pytest.raises(CacheRejected, match="did not pass its accuracy gate"):
+        compatible(spec)(m.path)
+    done = JobResult(True, "fp16", "fp16", True, spec.key, validation=gated)
+    assert pushable(done)
+    failed = {**gated, "passed": False}
+    assert not pushable(JobResult(True, "fp16", "fp16", True, spec.key, validation=failed))
+    assert not pushable(JobResult(True, "fp16", "fp16", False, spec.key))  # up to date: not built here
+
+
+def _keys(tmp_path: Path) -> Path:
+    for key_id in ("dev", "builder"):
+        generate_keys(tmp_path / "keys", key_id)
+    return tmp_path / "keys"
