@@ -29,15 +29,18 @@ def _cache(ax: Any, report: dict[str, Any]) -> None:
             colour = ORIGIN_COLOURS.get(row.get("origin", ""), "C7")
             ax.barh(i + y0, row["serving_s"], 0.38, color=colour, hatch="" if y0 else "//",
                     edgecolor="black" if not y0 else None)
+            ax.plot([row.get("first_state_s", 0.0)] * 2, [i + y0 - 0.19, i + y0 + 0.19], "k-", lw=2)
     ax.set_yticks([i + 0.2 for i in range(len(sec["cached"]["devices"]))],
                   [r["device"] for r in sec["cached"]["devices"]])
     ax.set_xlabel("seconds from the agents' start to a plan serving")
     ax.set_title(f"{sec['agents']} agents: independent builds vs shared cache "
                  f"({sec['builds']} build + {sec['pulls']} pulls)", fontsize="small")
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=f"origin {o}") for o, c in ORIGIN_COLOURS.items() if o != "store"]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="independent builds"))
+    handles.append(Line2D([], [], color="black", lw=2, label="first engine state\n(agent started)"))
     ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
