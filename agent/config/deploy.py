@@ -67,6 +67,8 @@ class DeployConfig(StrictModel):
     allow_unsigned: Annotated[bool, Impact.LIVE] = False
     allow_http: Annotated[bool, Impact.LIVE] = False  # plain http:// artifact URLs (sha256 still checked)
     ca_file: Annotated[ConfigPath | None, Impact.LIVE] = None  # PEM CA(s) of a private artifact store
+    # The login ({"username", "password"} JSON) of the registries of oci:// artifacts; read at load.
+    registry_credentials_file: Annotated[ConfigPath | None, Impact.LIVE] = None
     max_artifact_mb: Annotated[float, Impact.LIVE] = Field(1024.0, gt=0, le=1 << 20)  # per artifact
     keep_versions: Annotated[int, Impact.LIVE] = Field(2, ge=1, le=100)  # older ones kept for rollback
     # Versions, staging and the resumable record of each deployment; next to the engine store by default
@@ -107,6 +109,7 @@ class DeployConfig(StrictModel):
             update={
                 "trusted_keys": {k: rel(p) for k, p in self.trusted_keys.items()},
                 "ca_file": rel(self.ca_file),
+                "registry_credentials_file": rel(self.registry_credentials_file),
                 "state_dir": rel(self.state_dir),
             }
         )
@@ -133,4 +136,24 @@ def deploy_file_problems(deploy: DeployConfig) -> list[str]:
                 problem = f"cannot read ({exc.strerror or exc})"
         if problem is not None:
             problems.append(f"deploy.ca_file: {deploy.ca_file}: {problem}")
+    if deploy.registry_credentials_file is not None:
+        path = deploy.registry_credentials_file
+        problem = _credentials_problem(path)
+        if problem is not None:
+            problems.append(f"deploy.registry_credentials_file: {path}: {problem}")
     return problems
+
+
+def _credentials_problem(path: Path) -> str | None:
+    """Why the registry login file cannot be used, never what it holds."""
+    problem = file_problem(path)
+    if problem is not None:
+        return problem
+    from engines.cache.errors import CacheUnavailable
+    from engines.cache.registry import read_credentials  # the registry client (oras): only where used
+
+    try:
+        read_credentials(path)
+    except CacheUnavailable as exc:
+        return exc.reason.removeprefix(f"credentials file {path}: ")
+    return None

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from agent.deploy.errors import DeployError
+from agent.deploy.oci_ref import is_oci, parse_oci_url
 from engines.precision import Precision
 from pipelines.models.registry import formats
 
@@ -58,13 +59,19 @@ def _url(v: str) -> str:
     # Never quoted back: a URL may hold credentials (user:password@, ?token=).
     if any(not (32 < ord(c) < 127) for c in v):
         raise ValueError("must be a URL of printable ASCII without spaces (percent-encode the rest)")
+    if is_oci(v):
+        parse_oci_url(v)  # a manifest of a registry, by digest (agent/deploy/oci_ref.py)
+        return v
     try:
         parts = urlsplit(v)
         parts.port  # noqa: B018  (raises on a port that is no number or out of range)
     except ValueError:
         raise ValueError("is not a valid URL (host or port)") from None
     if parts.scheme.lower() not in ("https", "http"):
-        raise ValueError("must be an https:// URL (http:// only where the device's deploy.allow_http is on)")
+        raise ValueError(
+            "must be an https:// URL (http:// only where the device's deploy.allow_http is on) or "
+            "oci://host:port/repository@sha256:<64 hex>"
+        )
     if not parts.hostname:
         raise ValueError("must name a host")
     return v

@@ -1,10 +1,12 @@
 """Artifact download for deployments: one URL to one verified file, resumable across drops and restarts.
 
 Standard library only (http.client + ssl): a Jetson gets no extra wheel for it, and every socket read is
-ours to time out. ``fetch`` writes ``<dest>.part`` (kept across drops and process restarts, resumed with
-``Range``), hashes while it writes, and renames to ``dest`` only once size and sha256 agree with the
-document. URLs may carry credentials (``user:pass@``, ``?token=``): every reason and log line shows the
-URL without userinfo and query, and is scrubbed of the URL's secrets as well.
+ours to time out. An ``oci://...@sha256:`` artifact is the same download of its blob, once
+agent.deploy.oci_source has resolved the registry's manifest (the only part that needs oras-py).
+``fetch`` writes ``<dest>.part`` (kept across drops and process restarts, resumed with ``Range``), hashes
+while it writes, and renames to ``dest`` only once size and sha256 agree with the document. URLs may carry
+credentials (``user:pass@``, ``?token=``): every reason and log line shows the URL without userinfo and
+query, and is scrubbed of the URL's secrets as well.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from agent.deploy.errors import DownloadError
+from agent.deploy.oci_ref import is_oci
+from agent.deploy.oci_source import OciSource
 from agent.deploy.transport import Opener, Target, parse_target, tls_context
 from pipelines.urls import scrubber
 
@@ -76,13 +80,15 @@ class FetchPolicy:
     max_redirects: int = 5
     follow_other_hosts: bool = False  # https -> https on another host (credentials never forwarded)
     reserve_bytes: int = 16 << 20  # free space left on the filesystem beyond the artifact
+    registry_credentials_file: Path | None = None  # the login of oci:// artifacts' registries
 
     @classmethod
     def from_config(cls, cfg: DeployConfig, **more: Any) -> FetchPolicy:
         """The policy of the ``deploy`` config section (``more``: the defaulted fields, for tests)."""
         max_bytes = int(cfg.max_artifact_mb * (1 << 20))
         return cls(allow_http=cfg.allow_http, ca_file=cfg.ca_file, max_bytes=max_bytes,
-                   connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, **more)
+                   connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s,
+                   registry_credentials_file=cfg.registry_credentials_file, **more)
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0 or self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
@@ -130,21 +136,30 @@ class _Transfer:
         self.size, self.sha256 = artifact.size, artifact.sha256.lower()
         self.dest, self.part = dest, dest.with_name(dest.name + ".part")
         self.policy, self.field, self.progress, self.cancel = policy, field, progress, cancel
-        self.scrub = scrubber(artifact.url)
         self.hasher, self.done, self.reported = hashlib.sha256(), 0, -1
         self.step = max(self.size // 100, CHUNK)
-        self.origin = self._parse(artifact.url)
+        self.oci: OciSource | None = None
+        self.origin: Target | None = None  # an oci:// artifact's: its blob, once resolved (attempt)
+        if is_oci(artifact.url):  # no credentials in it; its `host:port/repo@` would pass for a password
+            self.scrub = scrubber("")
+            self.oci = OciSource.for_fetch(artifact.url, field, policy)
+            self.shown, scheme = self.oci.shown, self.oci.scheme
+        else:
+            self.scrub = scrubber(artifact.url)
+            self.origin = self._parse(artifact.url)
+            self.shown, scheme = self.origin.shown, self.origin.scheme
         try:
-            tls = tls_context(policy.ca_file) if self.origin.scheme == "https" else None
+            tls = tls_context(policy.ca_file) if scheme == "https" else None
         except (OSError, ssl.SSLError) as exc:
             what = f"deploy.ca_file {policy.ca_file}: cannot load ({exc})"
             raise DownloadError(what, "deploy.ca_file") from None
+        # A registry may redirect a blob to its storage (S3, a CDN): followed, without the registry's login.
         self.opener = Opener(tls, policy.connect_timeout_s, policy.read_timeout_s, policy.max_redirects,
-                             policy.follow_other_hosts)
+                             policy.follow_other_hosts or self.oci is not None)
 
     # -- reasons -------------------------------------------------------------------------------------
     def error(self, what: str, *, retryable: bool = False, part: str = "url") -> DownloadError:
-        reason = self.scrub(f"download of {self.origin.shown}: {what}")
+        reason = self.scrub(f"download of {self.shown}: {what}")
         return DownloadError(reason, f"{self.field}.{part}", retryable=retryable)
 
     def _parse(self, url: str) -> Target:
@@ -171,11 +186,11 @@ class _Transfer:
             return
         have = self.part.stat().st_size
         if have > self.size:
-            log.info("%s: part of %d bytes is longer than the artifact, restarting", self.origin.shown, have)
+            log.info("%s: part of %d bytes is longer than the artifact, restarting", self.shown, have)
             return self.restart()
         self.hasher, self.done = _sha256_of(self.part), have
         if have == self.size and self.hasher.hexdigest() != self.sha256:
-            log.info("%s: complete part does not match sha256, restarting", self.origin.shown)
+            log.info("%s: complete part does not match sha256, restarting", self.shown)
             self.restart()
 
     def restart(self) -> None:
@@ -201,6 +216,9 @@ class _Transfer:
     # -- one attempt ---------------------------------------------------------------------------------
     def attempt(self) -> None:
         headers = {"Range": f"bytes={self.done}-"} if self.done else {}
+        if self.origin is None:  # an oci:// artifact: the manifest by digest, then its layer's blob
+            assert self.oci is not None
+            self.origin = self.oci.resolve(self.sha256, self.size, self.error)
         conn, resp = self.opener.open(self.origin, headers, self.error)
         try:
             self._check_response(resp)
@@ -212,7 +230,7 @@ class _Transfer:
         status = resp.status
         if status == 200:
             if self.done:
-                log.info("%s: the server ignored Range, restarting from 0", self.origin.shown)
+                log.info("%s: the server ignored Range, restarting from 0", self.shown)
                 self.restart()
         elif status == 206:
             self._check_content_range(resp.getheader("Content-Range") or "")
@@ -250,7 +268,7 @@ class _Transfer:
         with self.part.open("ab", buffering=0) as out:
             while True:
                 if self.cancel is not None and self.cancel.is_set():
-                    raise DownloadCancelled(self.scrub(f"download of {self.origin.shown}: cancelled"),
+                    raise DownloadCancelled(self.scrub(f"download of {self.shown}: cancelled"),
                                             f"{self.field}.url", retryable=False)
                 chunk = self._read(resp)
                 if not chunk:
@@ -365,6 +383,6 @@ def _attempts(t: _Transfer) -> Path:
             delay = min(policy.backoff_s * 2 ** max(failures - 1, 0), policy.max_backoff_s)
             log.warning("%s; attempt %d, retrying in %.1f s", exc.reason, attempt, delay)
         if t.wait(delay):
-            raise DownloadCancelled(t.scrub(f"download of {t.origin.shown}: cancelled"), f"{t.field}.url",
+            raise DownloadCancelled(t.scrub(f"download of {t.shown}: cancelled"), f"{t.field}.url",
                                     retryable=False)
     raise AssertionError("unreachable")  # the loop returns or raises

@@ -28,6 +28,7 @@ from agent.deploy.download import DownloadCancelled, FetchPolicy, fetch
 from agent.deploy.errors import DeployError, DeviceFault, DownloadError
 from agent.deploy.gate import Side, run_gate
 from agent.deploy.job import Env, Job
+from agent.deploy.oci_ref import is_oci
 from agent.deploy.shadow import run_shadow
 from agent.deploy.state import (
     BUILDING,
@@ -75,7 +76,9 @@ class Run:
         self.model, self.version = job.model, job.version
         self.staged: dict[str, Path] = {}
         arts = job.doc.artifacts
-        urls = " ".join(a.url for a in (arts.onnx, arts.labels, arts.calibration) if a is not None)
+        # oci:// URLs hold no credentials (refused there) and their `host:port/repo@` looks like a password.
+        urls = " ".join(a.url for a in (arts.onnx, arts.labels, arts.calibration)
+                        if a is not None and not is_oci(a.url))
         self.scrub = scrubber(urls)  # every reason passes it: no URL credentials in a state or a line
         self._shown, self._shown_stage = -1.0, ""
 

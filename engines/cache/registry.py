@@ -87,7 +87,8 @@ def unavailable(where: str, exc: Exception, timeout_s: float) -> CacheUnavailabl
 
 class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # oras-py ships no types
     def __init__(
-        self, ref: CacheRef, *, credentials_file: Path | None, ca_file: Path | None, timeout_s: float
+        self, ref: CacheRef, *, credentials_file: Path | None, ca_file: Path | None, timeout_s: float,
+        connect_timeout_s: float | None = None,
     ) -> None:
         plain = ref.uses_http(ca_file)
         super().__init__(
@@ -96,6 +97,7 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
         self.auth._auth_config = {"auths": {}}  # loaded: oras never reads ~/.docker/config.json
         self.where = f"registry {ref.registry}"
         self.timeout_s = timeout_s
+        self.timeouts = (connect_timeout_s or timeout_s, timeout_s)  # (connect, between bytes)
         self._credentials = None if credentials_file is None else read_credentials(credentials_file)
         self._credentials_file = credentials_file
         self._login: dict[str, str] = {}
@@ -104,7 +106,7 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
         try:
             r: requests.Response = self.session.request(
                 method, url, headers={**headers, **self._login}, verify=self._tls_verify,
-                timeout=(self.timeout_s, self.timeout_s), allow_redirects=method in ("GET", "HEAD"), **kw,
+                timeout=self.timeouts, allow_redirects=method in ("GET", "HEAD"), **kw,
             )
         except requests.RequestException as e:
             raise unavailable(self.where, e, self.timeout_s) from None
@@ -119,6 +121,11 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             return {}
         user, password = self._credentials
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")}
+
+    def authorization(self) -> str | None:
+        """The Authorization header of the login a 401 led to (Basic or a Bearer token), for a client that
+        fetches a blob by other means (agent/deploy/oci_source.py); None: none was asked for."""
+        return self._login.get("Authorization")
 
     def _log_in(self, challenge: str) -> None:
         """Answer a 401: Basic with the credentials file, or a token from the challenge's realm (asked
@@ -144,7 +151,7 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
         query = {k: params[k] for k in ("service", "scope") if k in params}
         try:
             r = self.session.get(realm, params=query, headers=self._basic(), verify=self._tls_verify,
-                                 timeout=(self.timeout_s, self.timeout_s), allow_redirects=False)
+                                 timeout=self.timeouts, allow_redirects=False)
         except requests.RequestException as e:
             raise unavailable(f"{self.where}'s token server", e, self.timeout_s) from None
         with r:
