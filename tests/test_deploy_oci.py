@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 from fixtures_oci_models import LABELS_TYPE, ONNX_TYPE, Pushed, push_files
-from fixtures_registry import DockerRegistry, running_registry
-from fixtures_registry import registry  # noqa: F401  (the fixture)
+from fixtures_registry import (
+    DockerRegistry,
+    registry,  # noqa: F401  (the fixture)
+    running_registry,
+)
 
 from agent.config.deploy import DeployConfig, deploy_file_problems
 from agent.deploy.document import Artifact, parse_document

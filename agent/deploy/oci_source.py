@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 import urllib3
@@ -29,7 +30,6 @@ from agent.deploy.transport import Fail, Target
 from engines.cache.errors import CacheUnavailable
 
 if TYPE_CHECKING:
-    from agent.deploy.download import FetchPolicy
     from engines.cache.registry import Registry
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -41,6 +41,21 @@ MAX_MANIFEST = 64 * 1024
 _TRANSIENT = ("connection", "no answer", "answered 5", "too slow")
 # The registry client names the engine cache's keys; here the deploy section's apply.
 _KEYS = {"engines.timeout_s": "deploy.read_timeout_s", "engines.ca_file": "deploy.ca_file"}
+
+
+class Policy(Protocol):
+    """What is read of agent.deploy.download.FetchPolicy (which imports this module)."""
+
+    @property
+    def allow_http(self) -> bool: ...
+    @property
+    def ca_file(self) -> Path | None: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+    @property
+    def read_timeout_s(self) -> float: ...
+    @property
+    def registry_credentials_file(self) -> Path | None: ...
 
 
 @dataclass(frozen=True)
@@ -57,14 +72,14 @@ def _words(reason: str) -> str:
 
 
 class OciSource:
-    def __init__(self, art: OciArtifactRef, field: str, policy: FetchPolicy) -> None:
+    def __init__(self, art: OciArtifactRef, field: str, policy: Policy) -> None:
         self.art, self.field, self.policy = art, field, policy
         self.kind = field.rpartition(".")[2]  # artifacts.onnx -> onnx: its layer's media type
         self.scheme = "http" if art.ref.uses_http(policy.ca_file) else "https"
         self.shown = f"{field} ({art.shown})"
 
     @classmethod
-    def for_fetch(cls, url: str, field: str, policy: FetchPolicy) -> OciSource:
+    def for_fetch(cls, url: str, field: str, policy: Policy) -> OciSource:
         """DownloadError naming `{field}.url` for a bad URL, or plain HTTP off this machine without
         deploy.allow_http (loopback is plain HTTP without a CA file, as for engines.cache)."""
         try:
