@@ -258,8 +258,9 @@ def read_rollouts(
     c = _client(broker)
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
     _connect(c, broker, ready, failed, timeout_s)
+    end = time.monotonic() + timeout_s  # a broker that never goes quiet still ends the read
     try:
-        while time.monotonic() - last[0] < quiet_s:
+        while time.monotonic() - last[0] < quiet_s and time.monotonic() < end:
             time.sleep(0.05)
     finally:
         c.disconnect()
