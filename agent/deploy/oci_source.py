@@ -154,13 +154,14 @@ class OciSource:
             raise fail("the digest names an image index: give the digest of the manifest holding the file")
         if m.get("schemaVersion") != 2 or m.get("mediaType") not in (None, OCI_MANIFEST, DOCKER_MANIFEST):
             raise fail("not an OCI image manifest (schemaVersion 2)")
-        layers = [_descriptor(d) for d in m.get("layers") or []] if isinstance(m.get("layers"), list) else []
-        if not layers or None in layers:
+        raw: list[Any] = m["layers"] if isinstance(m.get("layers"), list) else []
+        layers = [la for la in map(_descriptor, raw) if la is not None]
+        if not layers or len(layers) != len(raw):
             raise fail("the manifest has no layers, or a malformed one")
         if len(layers) == 1:
-            return layers[0]  # type: ignore[return-value]  (None excluded above)
+            return layers[0]
         wanted = LAYER_TYPES.get(self.kind, "")
-        of_kind = [la for la in layers if la is not None and la.media_type == wanted]
+        of_kind = [la for la in layers if la.media_type == wanted]
         if len(of_kind) != 1:
             kind = f"of media type {wanted}" if wanted else "for this artifact"
             raise fail(f"the manifest has {len(layers)} layers and {len(of_kind)} {kind}: one expected")
