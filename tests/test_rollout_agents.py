@@ -202,7 +202,8 @@ def test_a_broken_version_halts_after_the_canary_and_leaves_the_others_untouched
     assert not canary["promoted"]  # rejected at the gate: v2 still serves there, nothing to roll back
     for d in ("rb", "rc", "rd"):
         assert state["devices"][d]["stage"] == "pending" and state["devices"][d]["sent_at"] is None
-        assert len(fleet.deployments(d)) == before[d], fleet.deployments(d)[before[d] :]  # not a message
+        later = fleet.deployments(d)[before[d] :]
+        assert not [st for st in later if st.get("version") == "v3-broken"], later  # nothing of it there
         assert _serving(fleet, d, "v2")
     assert fleet.deployment("ra").get("stage") == "rejected"
     assert run.stderr.startswith(f"rollout {state['id']}")
