@@ -6,6 +6,7 @@
     edge-agent bench --resolution 1920x1080 --preprocess gpu --streams 16 --batch 8   # a GPU box
     edge-agent bench --rtsp 'rtsp://127.0.0.1:8554/cam{i}' --streams 4   # tools/rtsp_server.py --mounts 4
     edge-agent bench --sections sweep --decode --streams 6 --batch 8 --flap 1   # isolation: a flapping camera
+    edge-agent bench --sections fleet-cache,fleet-rollout      # engine cache (8 agents), rollouts (10 agents)
 
 Sections (`--sections`, all by default):
 - stages: each stage of one frame at a time on the bundled clip with ONNX Runtime (decode, preprocess,
@@ -25,7 +26,10 @@ Sections (`--sections`, all by default):
 - tracking (not in the default set): host CPU per frame of the tracker, of tracker + zones + lines, and
   of the whole per-camera events hook at 1, 20 and 100 objects; IDF1 / ID switches on synthetic scenes,
   also of the library trackers where installed; MQTT messages on the clip per configuration with
-  `publish.detections: off` (agent/bench/tracking.py).
+  `publish.detections: off` (agent/bench/tracking.py);
+- fleet-cache, fleet-rollout (not in the default set): real agents on mosquitto; 8 of one device kind
+  building a TensorRT-RTX engine with an empty shared cache (docker-registry) against 8 independent builds,
+  and `fleet deploy` of a good then a broken version over 10 (agent/bench/fleet_cache.py, fleet_rollout.py).
 
 Writes bench.json and bench.png (throughput vs streams, latency vs batch; needs matplotlib) in --out and
 prints a one-paragraph summary. `python -m agent.bench` runs it where the CLI's dependencies are missing.
