@@ -41,6 +41,7 @@ from engines.build.compat import BuildSpec, build_spec, check, differences
 from engines.cache.client import EngineCache, Pulled, Pushed
 from engines.cache.errors import CacheRejected, CacheUnavailable
 from engines.cache.signing import PlanSigner, PlanTrust
+from engines.cache.stale import remove_stale
 from engines.errors import EngineError, ManifestError
 from engines.fingerprint import Fingerprint
 from engines.manifest import Manifest, load_manifest
@@ -146,6 +147,7 @@ class SharedCache:
     def _pull(self, job: _Job) -> Pulled | None:
         """Pull the key into the store; None for a miss. CacheRejected where what came is unfit here."""
         try:
+            remove_stale(job.store.root, (".cache-pull-*",))  # what a pull killed mid-way left
             tmp = Path(tempfile.mkdtemp(prefix=".cache-pull-", dir=job.store.root))
         except OSError as exc:  # this device's disk, not the cache: build (and say why once)
             why = exc.strerror or exc

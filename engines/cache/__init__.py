@@ -11,6 +11,7 @@ already runs (docs/DESIGN.md "Fleet: engine cache, build claims, rollouts").
     signing.py   PlanSigner / PlanTrust (ed25519)
     registry.py  the HTTP side (oras-py without its retries, with timeouts and a login)
     client.py    EngineCache: push and verified pull
+    stale.py     the temp folders of killed pulls, removed once stale
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@
     pulled = cache.pull(key, dest, trust, check)   # None: no artifact under tag `key`
     pushed = cache.push(key, plan, manifest, timing_cache, signer, builder)   # None: the tag exists
 
-A pull downloads into a temp folder next to `dest` and renames it to `dest` only after every check held:
-the OCI manifest's own digest; exactly the engine layers (engines.cache.artifact); the signature against
-PlanTrust; the statement's key == the tag and its sha256s == the layers' digests; each blob's sha256 and
-size as it arrives; the engine manifest parses, records the same key and the plan's sha256; then the
-caller's `check(manifest_path)` (its compatibility check against the live device). `dest` then holds
-`engine.plan`, `manifest.json` and `timing.cache` (when the artifact has one).
+A pull downloads into a temp folder next to `dest` (`.NAME.pull-*`; one a killed pull left is removed by
+a later pull of the same NAME once an hour old: engines/cache/stale.py) and renames it to `dest` only
+after every check held: the OCI manifest's own digest; exactly the engine layers (engines.cache.artifact);
+the signature against PlanTrust; the statement's key == the tag and its sha256s == the layers' digests;
+each blob's sha256 and size as it arrives; the engine manifest parses, records the same key and the
+plan's sha256; then the caller's `check(manifest_path)` (its compatibility check against the live
+device). `dest` then holds `engine.plan`, `manifest.json` and `timing.cache` (when the artifact has one).
 
 One EngineCache is used by one thread at a time (its HTTP session is not shared across threads).
 A push never replaces a tag: it looks first and returns None when the key is there (two devices pushing
@@ -37,6 +38,7 @@ from engines.cache.errors import CacheRejected, CacheUnavailable
 from engines.cache.ref import CacheRef, tag_problem
 from engines.cache.registry import Registry, unavailable
 from engines.cache.signing import PlanSigner, PlanTrust
+from engines.cache.stale import pull_leftovers, remove_stale
 from engines.errors import ManifestError
 from engines.manifest import load_manifest
 from engines.store.fsutil import fsync_dir
@@ -174,6 +176,7 @@ class EngineCache:
         CacheUnavailable: the registry cannot be used; CacheRejected: never load what it holds."""
         t0 = time.monotonic()
         _check_tag(key)
+        remove_stale(dest.parent, pull_leftovers(dest))  # of a pull of this name killed mid-way
         got = self._oci_manifest(key)
         if got is None:
             return None
