@@ -313,3 +313,16 @@ def test_table_lines_per_change_and_list() -> None:
     tty = io.StringIO()
     LiveTable(tty, tty=True)(r, r.devices["d01"])
     assert tty.getvalue().startswith("\x1b[H\x1b[2J")
+
+
+def test_already_serving_this_documents_own_deployment_counts_as_promoted() -> None:
+    """A resumed rollout whose command went out twice: the device finished the first (same request_id)."""
+    rec = _sent()
+    step(
+        rec,
+        _obs(state=_state("serving"), new=False, answer={"ok": True, "stage": "serving"}),
+        GOAL,
+        OPTS,
+        101.0,
+    )
+    assert rec.stage == SOAKING and rec.promoted and not rec.already

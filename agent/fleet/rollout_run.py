@@ -144,8 +144,10 @@ class Runner:
         )
         if step(rec, obs, self.goal, self.r.options, now) == SEND:
             rec.stage, rec.sent_at, rec.deployment, rec.reason, rec.progress = DEPLOYING, now, None, None, 0.0
+            self._changed(rec, before)  # saved first: a driver killed before the send sends it on resume
             self._marks[rec.device] = self.bus.send(rec.device, "deploy", self.body)
-        elif rec.stage == SOAKING and before["stage"] != SOAKING:
+            return
+        if rec.stage == SOAKING and before["stage"] != SOAKING:
             self._marks[rec.device] = seen.seq if seen is not None and obs.state_new else self.bus.seq
         self._changed(rec, before)
 

@@ -84,7 +84,12 @@ def _deploying(rec: DeviceRecord, obs: Observation, goal: Goal, opts: RolloutOpt
         rec.move(FAILED, f"refused: {answer.get('error') or answer.get('reason')}", now)
         return
     if state is None and answer is not None and answer.get("stage") == SERVING:
-        rec.already, rec.serving_at, rec.deployment, rec.progress = True, now, SERVING, 0.0
+        # This document's own deployment (its request_id) got there before (a resumed rollout whose
+        # command went out twice): promoted by it. Another deployment of the version: not changed by us.
+        kept = obs.state or {}
+        mine = goal.request_id is not None and goal.ours(kept) and kept.get("stage") == SERVING
+        rec.promoted, rec.already = rec.promoted or mine, not mine
+        rec.serving_at, rec.deployment, rec.progress = now, SERVING, 0.0
         rec.move(SOAKING, "already serving", now)
         return
     if state is not None:
