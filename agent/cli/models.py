@@ -2,6 +2,7 @@
 
     models sign DOC --key K     sign a deployment document (agent.deploy.signing), written atomically
     models verify DOC           check its signature against a config's trusted keys (or --trust ID=PUB)
+    models publish --onnx F --to oci://...   push a model's files to a registry (agent/cli/model_publish.py)
 
 Exit codes as every command: 0 done, 1 a check failed (a signature refused), 2 bad input (one line why).
 """
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.cli import model_versions
+from agent.cli import model_publish, model_versions
 from agent.config import load_config
 
 
@@ -27,6 +28,7 @@ def add_parsers(sub: Any) -> None:
     m_sub = m.add_subparsers(dest="models_command", required=True)
     _add_sign(m_sub)
     _add_verify(m_sub)
+    model_publish.add_parser(m_sub)  # publish --onnx F [--labels F] --to oci://host:port/repo
     model_versions.add_parsers(m_sub)  # deploy FILE, list, show MODEL, rollback MODEL [--to V]
 
 
