@@ -14,6 +14,7 @@ time from the command (the plot's timeline) and its final state.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -28,9 +29,12 @@ from agent.bench.deploy_rig import REPO, mosquitto, nginx
 from agent.bench.fleet_rig import FleetListener, start_agents, stop_agents
 
 MODEL, PREFIX, KEY_ID = "detector", "rolloutbench", "bench"
-CAMERA_FPS = 2.0  # per agent: N agents share the machine; the gate and shadow need only a few frames
-GATE_FRAMES = 10
-SHADOW_LATENCY_RATIO = 5.0
+CAMERA_FPS = 1.0  # per agent: N agents share the machine; the gate and shadow need only a few frames
+GATE_FRAMES = 8
+# The candidate's inference runs beside the serving model's on cores shared with N agents (on a GPU it
+# does not): measured here at 2-9x under load, its latency ratio says how loaded the machine is, not
+# what the version costs. The bench's broken version fails the gate, not this.
+SHADOW_LATENCY_RATIO = 20.0
 CLI_TIMEOUT_S = 900.0
 
 
@@ -52,8 +56,6 @@ def agent_config(work: Path, i: int, opts: BenchOptions, mqtt_port: int, public_
             "state_dir": str(work / device / "state"),
             "watch_s": 0,
             "gate": {"frames": GATE_FRAMES},
-            # The candidate shares this CPU with the serving model and N-1 other agents (on a GPU it does
-            # not): its latency ratio measures the machine's load, not the version.
             "shadow": {"frames": GATE_FRAMES, "max_latency_ratio": SHADOW_LATENCY_RATIO},
         },
     }
@@ -143,6 +145,7 @@ def serving_version(listener: FleetListener, device: str) -> str | None:
 def one_rollout(listener: FleetListener, devices: list[str], doc: Path, port: int, opts: BenchOptions,
                 *extra: str) -> dict[str, Any]:
     version = json.loads(doc.read_text())["version"]
+    load_start = [round(x, 2) for x in os.getloadavg()]  # a machine shared with other work says so here
     t0 = time.monotonic()
     cli = fleet_cli("deploy", str(doc), "--devices", ",".join(devices), "--canary", "1", "--batch", "3",
                     "--max-failures", "0", "--soak", f"{opts.soak_s:g}", "--wait", "--mqtt-host", "127.0.0.1",
@@ -162,6 +165,7 @@ def one_rollout(listener: FleetListener, devices: list[str], doc: Path, port: in
         "touched": touched,
         "untouched": [d for d in devices if d not in touched],
         "serving": {d: serving_version(listener, d) for d in devices},
+        "load_avg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
     }
 
 
@@ -201,6 +205,7 @@ def fleet_rollout_section(opts: BenchOptions) -> dict[str, Any]:
             store.stop()
             broker.stop()
     return {"agents": n, "canary": 1, "batch": 3, "soak_s": opts.soak_s, "camera_fps": CAMERA_FPS,
+            "gate_frames": GATE_FRAMES, "shadow_max_latency_ratio": SHADOW_LATENCY_RATIO,
             "good": runs[0], "broken": runs[1], "rollouts_listing": shown}
 
 
@@ -211,7 +216,8 @@ def fleet_rollout_summary(section: dict[str, Any]) -> str:
     kept = sum(v == good["version"] for v in bad["serving"].values())
 
     def run(r: dict[str, Any]) -> str:
-        return f"{r['version']} {r['status']} (exit {r['cli']['rc']}) in {r['cli']['seconds']:.0f} s"
+        return (f"{r['version']} {r['status']} (exit {r['cli']['rc']}) in {r['cli']['seconds']:.0f} s, load "
+                f"average {r['load_avg']['start'][0]:g}")
 
     return (
         f"fleet rollout, {n} agents, canary 1 then batches of 3, soak {section['soak_s']:g} s: {run(good)}, "
