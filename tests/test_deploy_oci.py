@@ -16,6 +16,7 @@ from fixtures_registry import (
     DockerRegistry,
     registry,  # noqa: F401  (the fixture)
     running_registry,
+    running_token_server,
 )
 
 from agent.config.deploy import DeployConfig, deploy_file_problems
@@ -219,3 +220,21 @@ def test_the_credentials_file_comes_from_the_config_and_is_checked_at_load(tmp_p
     assert "secret-value" not in problem
     creds.unlink()
     assert deploy_file_problems(cfg) == [f"deploy.registry_credentials_file: {creds}: no such file"]
+
+
+def test_a_token_registry_gives_the_blob_to_the_bearer_of_its_token(tmp_path: Path, model: Path,
+                                                                    policy: FetchPolicy) -> None:
+    """Distribution with `auth: token` (Harbor, GitLab): the manifest's 401 leads to a token for the
+    repository's pull scope, and the blob's GET (by the download's own HTTP client) carries it."""
+    creds = tmp_path / "login.json"
+    creds.write_text(json.dumps({"username": "deployer", "password": "pa55-w0rd"}))
+    with running_token_server(tmp_path / "tokens", {"deployer": "pa55-w0rd"}) as tokens, \
+            running_registry(tmp_path / "reg", token=tokens) as reg:
+        pushed = push_files(reg, "site/models", [(model, ONNX_TYPE)], credentials_file=creds)
+        login = FetchPolicy(**{**policy.__dict__, "registry_credentials_file": creds})
+        got = fetch(art(pushed.artifact(model)), tmp_path / "m.onnx", login, field="artifacts.onnx")
+        assert got.read_bytes() == PAYLOAD
+        assert ("deployer", "repository:site/models:pull") in tokens.requests
+        with pytest.raises(DownloadError) as e:  # no login: the token server refuses anonymous pulls
+            fetch(art(pushed.artifact(model)), tmp_path / "n.onnx", policy, field="artifacts.onnx")
+        assert e.value.field == "artifacts.onnx.url" and "token server refused anonymous" in e.value.reason
