@@ -6,6 +6,7 @@ The flow, one module per step:
                digest
     signing    ed25519 keys and signatures over the canonical form; trusted keys by key id (config `deploy`)
     download   artifacts fetched (https, resumable, size cap, streamed sha256) into the staging area
+               (transport: one GET; oci_ref + oci_source: an oci://...@sha256: artifact of a registry)
     staging    the deployment folder's names, staging area and crash-safe writes
     verify     the ONNX and labels against the document and the model format's adapter
     versions   the installed versions of a model, the one serving, rollback and pruning
