@@ -21,7 +21,6 @@ from typing import Any
 from agent.config import AgentConfig
 from agent.fleet.claims import BuildClaims
 from agent.lifecycle.shared_cache import NoClaims, SharedCache
-from engines.cache.client import EngineCache
 from engines.cache.errors import CacheError
 from engines.cache.ref import parse_cache_url
 from engines.cache.signing import PlanSigner, PlanTrust
@@ -33,6 +32,8 @@ log = logging.getLogger("agent.lifecycle.manager")
 def make_shared(cfg: AgentConfig) -> SharedCache:
     """The SharedCache of `cfg` (its `engines.cache` set). ValueError / CacheError naming what is unusable
     (a path, a key id; never what a file holds)."""
+    from engines.cache.client import EngineCache  # oras and requests: loaded only where a cache is set
+
     e = cfg.engines
     assert e.cache is not None
     ref = parse_cache_url(e.cache)

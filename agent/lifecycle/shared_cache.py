@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.fleet.acquire import Acquired, acquire_engine
 from agent.lifecycle.calibration import CalibrationError
@@ -38,8 +38,8 @@ from agent.lifecycle.model import ModelContext
 from agent.telemetry.engine_cache import ENGINE_CACHE
 from engines.build.builder import timing_cache_path
 from engines.build.compat import BuildSpec, build_spec, check, differences
-from engines.cache.client import EngineCache, Pulled, Pushed
 from engines.cache.errors import CacheRejected, CacheUnavailable
+from engines.cache.results import Pulled, Pushed
 from engines.cache.signing import PlanSigner, PlanTrust
 from engines.cache.stale import remove_stale
 from engines.errors import EngineError, ManifestError
@@ -50,6 +50,9 @@ from engines.precision import Precision
 from engines.settings import BuildSettings
 from engines.store import EngineStore
 from engines.store.fsutil import atomic_write_bytes
+
+if TYPE_CHECKING:  # the client loads oras and requests (~0.5 s at start): only agents with a cache need it
+    from engines.cache.client import EngineCache
 
 # The daemon's log names the engine manager for every line of its lifecycle.
 log = logging.getLogger("agent.lifecycle.manager")

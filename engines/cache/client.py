@@ -26,7 +26,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import oras.defaults
@@ -37,6 +36,7 @@ from engines.cache import artifact
 from engines.cache.errors import CacheRejected, CacheUnavailable
 from engines.cache.ref import CacheRef, tag_problem
 from engines.cache.registry import Registry, unavailable
+from engines.cache.results import Pulled, Pushed
 from engines.cache.signing import PlanSigner, PlanTrust
 from engines.cache.stale import pull_leftovers, remove_stale
 from engines.errors import ManifestError
@@ -46,25 +46,6 @@ from engines.store.fsutil import fsync_dir
 FILES = {"plan": "engine.plan", "manifest": "manifest.json", "timing_cache": "timing.cache"}
 _CHUNK = 1 << 20
 MIN_RATE_BPS = 64 * 1024  # slower on average (after timeout_s) and the registry counts as unavailable
-
-
-@dataclass(frozen=True)
-class Pulled:
-    plan: Path
-    manifest: Path
-    timing_cache: Path | None
-    digest: str  # the OCI manifest's digest (sha256:...)
-    bytes: int  # blob bytes downloaded (the OCI manifest aside)
-    seconds: float
-    builder: str  # the device that built and signed it (from the verified statement)
-    key_id: str  # the key that signed it
-
-
-@dataclass(frozen=True)
-class Pushed:
-    digest: str
-    bytes: int
-    seconds: float
 
 
 def _sha256(path: Path) -> str:
