@@ -21,6 +21,7 @@ ratio measured here is the cache's overhead at its worst; the count of builds is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -104,20 +105,23 @@ def one_run(work: Path, opts: BenchOptions, n: int, cached: bool, keys: tuple[Pa
     import yaml
 
     work.mkdir(parents=True)
-    broker = mosquitto(work)
-    store = registry(work) if cached else None
-    cache = f"oci://127.0.0.1:{store.port}/bench/engines" if store else None
-    listener = FleetListener(broker.port, PREFIX)
-    configs = []
-    for i in range(1, n + 1):
-        path = work / f"kind-a-{i}.yaml"
-        path.write_text(yaml.safe_dump(agent_config(work, i, opts, broker.port, cache, keys)))
-        configs.append(path)
     devices = [f"kind-a-{i}" for i in range(1, n + 1)]
-    load_start = [round(x, 2) for x in os.getloadavg()]  # a machine shared with other work says so here
-    t0 = time.monotonic()
-    agents = start_agents(configs, work / "logs")
-    try:
+    with contextlib.ExitStack() as stack:  # everything started is stopped, whatever fails
+        broker = mosquitto(work)
+        stack.callback(broker.stop)
+        store = registry(work) if cached else None
+        if store is not None:
+            stack.callback(store.stop)
+        cache = f"oci://127.0.0.1:{store.port}/bench/engines" if store else None
+        listener = FleetListener(broker.port, PREFIX)
+        stack.callback(listener.close)
+        configs = [work / f"{d}.yaml" for d in devices]
+        for i, path in enumerate(configs, 1):
+            path.write_text(yaml.safe_dump(agent_config(work, i, opts, broker.port, cache, keys)))
+        load_start = [round(x, 2) for x in os.getloadavg()]  # a machine shared with other work says so
+        t0 = time.monotonic()
+        agents = start_agents(configs, work / "logs")
+        stack.callback(stop_agents, agents)
         listener.wait(lambda: all(served(listener.engine_states(d)) for d in devices), TIMEOUT_S,
                       f"{n} agents' engines ({'shared cache' if cached else 'independent'})", agents)
         rows = [_device_row(t0, d, listener.engine_states(d)) for d in devices]
@@ -125,12 +129,6 @@ def one_run(work: Path, opts: BenchOptions, n: int, cached: bool, keys: tuple[Pa
         _counted(listener, devices, agents)
         for row in rows:
             row["telemetry"] = listener.counters(row["device"])
-    finally:
-        stop_agents(agents)
-        listener.close()
-        if store is not None:
-            store.stop()
-        broker.stop()
     run: dict[str, Any] = {"mode": "shared cache" if cached else "independent builds", "devices": rows}
     run["all_serving_s"] = max(r["serving_s"] for r in rows)
     # From the first device wanting the engine to the last serving one: the agents' start-up left out.

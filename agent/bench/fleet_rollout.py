@@ -13,6 +13,7 @@ time from the command (the plot's timeline) and its final state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -175,35 +176,31 @@ def fleet_rollout_section(opts: BenchOptions) -> dict[str, Any]:
     from agent.deploy.signing import generate_keys
 
     n = opts.fleet_agents or 10
-    with tempfile.TemporaryDirectory(prefix="bench-fleet-rollout-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-rollout-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         www = work / "www"
         www.mkdir()
         key, pub = generate_keys(work / "keys", KEY_ID)
         broker = mosquitto(work)
+        stack.callback(broker.stop)  # everything started is stopped, whatever fails (in reverse order)
         store = nginx(work, www)
+        stack.callback(store.stop)
         listener = FleetListener(broker.port, PREFIX)
-        configs = []
-        for i in range(1, n + 1):
-            path = work / f"site-{i:02d}.yaml"
+        stack.callback(listener.close)
+        configs = [work / f"site-{i:02d}.yaml" for i in range(1, n + 1)]
+        for i, path in enumerate(configs, 1):
             path.write_text(yaml.safe_dump(agent_config(work, i, opts, broker.port, pub)))
-            configs.append(path)
         devices = [c.stem for c in configs]
         agents = start_agents(configs, work / "logs")
-        try:
-            listener.wait(lambda: all(listener.online(d) for d in devices), 300, f"{n} agents online", agents)
-            time.sleep(max(opts.warmup_s, GATE_FRAMES / CAMERA_FPS + 2))  # frames for the canary's gate
-            good = document(www, store.port, "v2", opts, key, broken=False)
-            bad = document(www, store.port, "v3-broken", opts, key, broken=True)
-            runs = [one_rollout(listener, devices, good, broker.port, opts)]
-            runs.append(one_rollout(listener, devices, bad, broker.port, opts, "--rollback-on-halt"))
-            shown = fleet_cli("rollouts", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(broker.port),
-                              "--prefix", PREFIX, timeout=60)
-        finally:
-            stop_agents(agents)
-            listener.close()
-            store.stop()
-            broker.stop()
+        stack.callback(stop_agents, agents)
+        listener.wait(lambda: all(listener.online(d) for d in devices), 300, f"{n} agents online", agents)
+        time.sleep(max(opts.warmup_s, GATE_FRAMES / CAMERA_FPS + 2))  # frames for the canary's gate
+        good = document(www, store.port, "v2", opts, key, broken=False)
+        bad = document(www, store.port, "v3-broken", opts, key, broken=True)
+        runs = [one_rollout(listener, devices, good, broker.port, opts)]
+        runs.append(one_rollout(listener, devices, bad, broker.port, opts, "--rollback-on-halt"))
+        shown = fleet_cli("rollouts", "--mqtt-host", "127.0.0.1", "--mqtt-port", str(broker.port),
+                          "--prefix", PREFIX, timeout=60)
     return {"agents": n, "canary": 1, "batch": 3, "soak_s": opts.soak_s, "camera_fps": CAMERA_FPS,
             "gate_frames": GATE_FRAMES, "shadow_max_latency_ratio": SHADOW_LATENCY_RATIO,
             "good": runs[0], "broken": runs[1], "rollouts_listing": shown}
