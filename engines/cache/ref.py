@@ -92,7 +92,8 @@ def _host_port(netloc: str) -> tuple[str, int | None]:
         raise ValueError("the host is not a valid host name or address")
     if port_text is None:
         return host, None
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    # ASCII digits only: isdigit() and int() take any Unicode digit
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         raise ValueError("the port must be a number from 1 to 65535")
     return host, int(port_text)
 
@@ -119,6 +120,9 @@ def parse_cache_url(url: str) -> CacheRef:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme != "oci":
         raise ValueError("must be an oci://host:port/repository URL")
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        # urlsplit drops tabs and newlines silently: the config would keep (and log) a URL it never checked
+        raise ValueError("the URL holds a space or a control character")
     try:
         parts = urlsplit(url)
     except ValueError as e:
