@@ -225,4 +225,6 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(f"manifest {path}: cannot read: {e.strerror or e}") from e
     except json.JSONDecodeError as e:
         raise ManifestError(f"manifest {path}: not valid JSON: {e}") from e
+    except (ValueError, RecursionError):  # not UTF-8, nested too deep, an integer of 4300+ digits
+        raise ManifestError(f"manifest {path}: not valid JSON (UTF-8)") from None
     return manifest_from_dict(data, path, path)

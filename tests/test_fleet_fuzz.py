@@ -7,16 +7,26 @@ a secret. Deterministic (fixed seeds) and bounded in count."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import random
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.cli.main import main
 from agent.deploy.signing import generate_keys
+from engines.cache import artifact
+from engines.cache.client import EngineCache
+from engines.cache.errors import CacheRejected, CacheUnavailable
 from engines.cache.ref import parse_cache_url
+from engines.cache.signing import PlanSigner, PlanTrust
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "agent" / "assets" / "nanodet-m-416.onnx"
@@ -80,3 +90,188 @@ def test_the_engines_cache_url_fuzzed_through_check_config(tmp_path: Path, keys:
         assert MARK not in text, text
         if code == 2:
             assert text.count("\n") == 1 and "engines.cache: " in text, text
+
+
+# -- a registry answering junk: EngineCache.pull/push end in CacheUnavailable or CacheRejected only ------
+class _JunkHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    script: ClassVar[dict[Any, tuple[int, dict[str, str], bytes]]] = {}
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        kind = ("upload" if "/uploads/" in self.path else "token" if self.path.startswith("/token")
+                else "blob" if "/blobs/" in self.path else "manifest")
+        answer = self.script.get((self.command, kind)) or self.script.get(kind)
+        status, headers, body = answer or (404, {}, b"")
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value.replace("{port}", str(self.server.server_address[1])))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _answer
+
+
+@pytest.fixture
+def fake_registry() -> Iterator[tuple[int, dict[Any, tuple[int, dict[str, str], bytes]]]]:
+    """A registry that answers what the test scripts, for each kind of request (manifest, blob, upload,
+    token): the faults docker-registry never produces."""
+    script: dict[Any, tuple[int, dict[str, str], bytes]] = {}
+    handler = type("H", (_JunkHandler,), {"script": script})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], script
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _oci(layers: Any, **fields: Any) -> bytes:
+    doc = {"schemaVersion": 2, "mediaType": artifact.OCI_MANIFEST, "layers": layers,
+           "config": {"mediaType": artifact.CONFIG, "digest": "sha256:" + "0" * 64, "size": 2}}
+    return json.dumps({**doc, **fields}).encode()
+
+
+def _layer(media_type: str, data: bytes = b"x") -> dict[str, Any]:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
+def _signed_manifest(signature: bytes) -> bytes:
+    return _oci([_layer(artifact.PLAN), _layer(artifact.MANIFEST), _layer(artifact.SIGNATURE, signature)])
+
+
+INSERTS = [b"[", b"{", b'"', b"null", b"-1", b"1e999", b"[" * 3000, b"9" * 4400, b"\\u0000"]
+
+
+def _mutations(rng: random.Random, good: bytes, n: int) -> list[bytes]:
+    """Junk near a valid document: bytes flipped or cut, deep nesting, numbers beyond int()'s 4300 digits."""
+    out = [b"[" * 60000, b'{"a":' * 10000, b"1" * 5000, b'{"v": ' + b"9" * 5000 + b"}", b"\xff\xfe",
+           good.replace(b'"size": 1', b'"size": 1' + b"0" * 5000), good.replace(b'"size": 1', b'"size": NaN')]
+    for _ in range(n):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            i = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.4:
+                data[i] = rng.randrange(256)
+            elif op < 0.6:
+                del data[i : i + rng.randint(1, 40)]
+            else:
+                data[i:i] = rng.choice(INSERTS)
+        out.append(bytes(data))
+    return out
+
+
+def _outcome(call: Callable[..., object], *args: Any) -> str:
+    try:
+        call(*args)
+    except (CacheUnavailable, CacheRejected) as e:
+        assert MARK not in e.reason
+        return type(e).__name__
+    return "ok"
+
+
+def test_pull_from_a_registry_answering_junk_ends_unavailable_or_rejected(
+    tmp_path: Path, fake_registry: tuple[int, dict[Any, Any]]
+) -> None:
+    # Before: a manifest or signature nested too deep (RecursionError), an integer of 4300+ digits
+    # (ValueError), a token answer nested too deep, a redirect to "http://[::1/x" (ValueError) escaped.
+    port, script = fake_registry
+    private = Ed25519PrivateKey.generate()
+    trust = PlanTrust({"dev1": private.public_key()})
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps({"username": "u", "password": MARK}))
+    rng = random.Random(3838)
+    good = _oci([_layer(artifact.PLAN), _layer(artifact.MANIFEST), _layer(artifact.SIGNATURE)])
+    signature = json.dumps({"schema": artifact.SIGNATURE_SCHEMA, "key_id": "dev1", "ed25519": "AA==",
+                            "statement": {"schema": artifact.STATEMENT_SCHEMA, "key": "k" * 16}}).encode()
+    bearer = {"WWW-Authenticate": 'Bearer realm="http://127.0.0.1:{port}/token",service="s"'}
+    scripts: list[dict[Any, Any]] = [{"manifest": (200, {}, m), "blob": (200, {}, b"{}")}
+                                      for m in _mutations(rng, good, 60)]
+    scripts += [{"manifest": (200, {}, _signed_manifest(s)), "blob": (200, {}, s)}
+                for s in _mutations(rng, signature, 30)]
+    scripts += [{"manifest": (401, bearer, b""), "token": (200, {}, t)}
+                for t in [*_mutations(rng, b'{"token": "t"}', 15), b'{"token": ["a"]}', b'{"token": " "}']]
+    scripts += [
+        {"manifest": (302, {"Location": "http://[::1/x"}, b"")},
+        {"manifest": (302, {"Location": "/v2/site/engines/manifests/" + "k" * 16}, b"")},  # a loop
+        {"manifest": (401, {}, b"")},  # no challenge
+        {"manifest": (401, {"WWW-Authenticate": "Negotiate"}, b"")},
+        {"manifest": (401, {"WWW-Authenticate": 'Bearer realm="ftp://x"'}, b"")},
+        {"manifest": (200, {}, _oci("x"))},
+        {"manifest": (200, {}, _oci([[]]))},
+        {"manifest": (200, {}, _oci([_layer("text/plain")]))},
+        {"manifest": (200, {}, b"x" * (1 << 20))},
+        {"manifest": (200, {}, good), "blob": (302, {"Location": "http://[::1/x"}, b"")},
+    ]
+    seen: dict[str, int] = {}
+    for i, answers in enumerate(scripts):
+        script.clear()
+        script.update(answers)
+        for login in (None, creds):
+            cache = EngineCache(parse_cache_url(f"oci://127.0.0.1:{port}/site/engines"),
+                                credentials_file=login, timeout_s=3)
+            outcome = _outcome(cache.pull, "k" * 16, tmp_path / f"pulled{i}", trust)
+            seen[outcome] = seen.get(outcome, 0) + 1
+    assert set(seen) <= {"CacheUnavailable", "CacheRejected"}, seen
+
+
+def test_push_to_a_registry_answering_junk_ends_unavailable(
+    tmp_path: Path, fake_registry: tuple[int, dict[Any, Any]]
+) -> None:
+    # Before: an error answer nested too deep to the blob upload escaped oras as a RecursionError.
+    pytest.importorskip("tensorrt_rtx")
+    from engine_cache_fixtures import build_tiny, tiny_onnx
+
+    from engines.fingerprint import probe_fingerprint
+    from engines.trt import import_trt
+
+    e = build_tiny(tmp_path / "store", tiny_onnx(tmp_path / "tiny.onnx"),
+                   probe_fingerprint(import_trt("tensorrt_rtx")), "8.6")
+    signer = PlanSigner(Ed25519PrivateKey.generate(), "dev1")
+    port, script = fake_registry
+    absent = ("HEAD", "manifest"), (404, {}, b"")
+    upload = {"Location": "/v2/site/engines/blobs/uploads/u1?x=1"}
+    scripts: list[dict[Any, Any]] = [
+        {"upload": (404, {}, b"[" * 50000)},
+        {"upload": (400, {}, b'{"errors": ' + b"1" * 5000 + b"}")},
+        {"upload": (202, {}, b"")},  # no Location
+        {"upload": (202, {"Location": "http://[::1/x"}, b"")},
+        {"upload": (202, {"Location": "/v2/x?" + "a" * 70000}, b"")},
+        {("POST", "upload"): (202, upload, b""), ("PUT", "upload"): (400, {}, b"{" * 40000)},
+        {("HEAD", "blob"): (200, {}, b""), ("PUT", "manifest"): (400, {}, b"junk")},
+        {("HEAD", "blob"): (200, {}, b""), ("PUT", "manifest"): (302, {"Location": "/v2/x/manifests/"}, b"")},
+        {("HEAD", "blob"): (500, {}, b"")},
+    ]
+    for answers in scripts:
+        script.clear()
+        script.update([absent, *answers.items()])
+        cache = EngineCache(parse_cache_url(f"oci://127.0.0.1:{port}/site/engines"), timeout_s=3)
+        outcome = _outcome(cache.push, e.key, e.plan, e.manifest, e.timing_cache, signer, "dev-1")
+        assert outcome == "CacheUnavailable", answers
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe{}", b"[" * 60000, b'{"build": ' + b"1" * 5000 + b"}"])
+def test_an_engine_manifest_not_utf8_too_deep_or_with_a_huge_number_is_a_manifest_error(
+    tmp_path: Path, data: bytes
+) -> None:
+    # Before: UnicodeDecodeError, RecursionError and ValueError escaped load_manifest (its callers, the
+    # cache's pull among them, catch ManifestError).
+    from engines.errors import ManifestError
+    from engines.manifest import load_manifest
+
+    path = tmp_path / "m.json"
+    path.write_bytes(data)
+    with pytest.raises(ManifestError):
+        load_manifest(path)

@@ -146,7 +146,7 @@ class OciSource:
     def _layer(self, body: bytes, fail: Fail) -> Layer:
         try:
             m: Any = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # too deep, or an integer of 4300+ digits, counts as not JSON
             raise fail("the manifest is not JSON") from None
         if not isinstance(m, dict):
             raise fail("the manifest is not a JSON object")

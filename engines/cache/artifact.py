@@ -120,7 +120,7 @@ def parse_signature(data: bytes) -> Signed:
     """The signature layer's statement, key id and signature bytes; CacheRejected when malformed."""
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not UTF-8 or JSON, too deep, an integer of 4300+ digits
         raise CacheRejected("signature layer: not JSON") from None
     if not isinstance(doc, dict) or set(doc) != {"schema", "statement", "key_id", "ed25519"}:
         raise CacheRejected("signature layer: must be an object of schema, statement, key_id, ed25519")
@@ -155,7 +155,7 @@ def parse_oci_manifest(data: bytes) -> dict[str, Layer]:
     a missing, extra, repeated or unknown layer)."""
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not UTF-8 or JSON, too deep, an integer of 4300+ digits
         raise CacheRejected("OCI manifest: not JSON") from None
     if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
         raise CacheRejected("OCI manifest: not an image manifest of schemaVersion 2")

@@ -148,6 +148,9 @@ class EngineCache:
             raise unavailable(self._registry.where, e, self.timeout_s) from None
         except ValueError as e:  # oras: a 4xx answer ("Issue with URL: reason"; no credential in it)
             raise CacheUnavailable(f"{self._registry.where}: push refused: {str(e)[:200]}") from None
+        except (RecursionError, KeyError, TypeError, AttributeError, IndexError) as e:
+            # oras reading a registry's junk answer (an error body nested too deep, a missing field)
+            raise CacheUnavailable(f"{self._registry.where}: push failed ({type(e).__name__})") from None
 
     # ---- pull ------------------------------------------------------------------------------------------
     def pull(

@@ -44,7 +44,7 @@ def read_credentials(path: Path) -> tuple[str, str]:
         raise CacheUnavailable(f"credentials file {path}: no such file") from None
     except OSError as e:
         raise CacheUnavailable(f"credentials file {path}: cannot read ({e.strerror or e})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not UTF-8 or JSON, too deep, an integer of 4300+ digits
         raise CacheUnavailable(f"credentials file {path}: not JSON") from None
     if (
         not isinstance(data, dict)
@@ -110,6 +110,8 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             )
         except requests.RequestException as e:
             raise unavailable(self.where, e, self.timeout_s) from None
+        except ValueError:  # a redirect to a URL that does not parse ("Invalid IPv6 URL")
+            raise CacheUnavailable(f"{self.where}: redirected to an invalid URL") from None
         if r.status_code == 400 and b"HTTPS server" in r.content[:200]:
             raise CacheUnavailable(f"{self.where}: speaks HTTPS (give engines.ca_file, or drop plain-http)")
         if r.status_code >= 500:
@@ -160,7 +162,7 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
                 raise CacheUnavailable(f"{self.where}: its token server refused {who} ({r.status_code})")
             try:
                 body = r.json() if r.status_code == 200 and len(r.content) <= MAX_TOKEN_ANSWER else None
-            except ValueError:
+            except (ValueError, RecursionError):
                 body = None
         token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
         if not isinstance(token, str) or not token or any(c in token for c in " \r\n"):
