@@ -149,7 +149,7 @@ def acquire_engine(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Acquired[B]:
     """The engine of `key`, from the cache or built here (module docstring). Raises only what build() raises
-    (after releasing the claim)."""
+    (after releasing the claim) and what sleep() raises: how a waiter is cancelled (it holds no claim)."""
     if not poll_s > 0 or wait_s < 0:
         raise ValueError("acquire_engine: poll_s must be > 0 and wait_s >= 0")
     walk = _Walk(key, pull, build, push, claims, clock, log)

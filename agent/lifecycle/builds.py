@@ -20,12 +20,13 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.lifecycle.calibration import CalibrationError, FrameTap, frames_to_capture
+from agent.lifecycle.cancel import JobCancel, Killable
 from agent.lifecycle.capture import capture_calibration_set, capture_from_frames
 from agent.lifecycle.job import JobResult
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.runner import Emit, JobRunner, LockUnavailable
 from agent.lifecycle.state import ModelEngine, StateBoard
-from engines.buildproc import ChildProcess, Event, Progress
+from engines.buildproc import Event, Progress
 from engines.precision import Precision
 
 # The daemon's log names the engine manager for every line of its lifecycle, jobs included.
@@ -99,13 +100,15 @@ class Builds:
         on_event = functools.partial(publish_progress, self._board, me)
         try:
             started = functools.partial(_started, me)
+            cancel = JobCancel(self._runner.stop)
+            started(cancel)  # until its child starts: a reload that retires the model ends a wait
             fp = me.target.fingerprint
-            return self._runner.run(me.ctx, me.target.api, requested, force, on_event, started, fp)
+            return self._runner.run(me.ctx, me.target.api, requested, force, on_event, started, fp, cancel)
         except LockUnavailable as exc:
             return JobResult.failed(requested, f"model {me.name!r}: {exc.error}", type(exc.error).__name__)
 
 
-def _started(me: ModelEngine, job: ChildProcess) -> None:
+def _started(me: ModelEngine, job: Killable) -> None:
     with me.lock:
         me.job = job  # killed by a reload that retires the model, or at close
 

@@ -86,5 +86,14 @@ class CacheSetup:
 
     def _close_locked(self) -> None:
         shared, self._shared = self._shared, None
-        if shared is not None and isinstance(shared.claims, BuildClaims):
-            shared.claims.close()
+        if shared is not None:
+            shared.close()  # a job waiting under it ends its wait (agent.lifecycle.cancel)
+
+    def refresh(self) -> None:
+        """After a reload: a section that changed is closed now (a wait under it must not outlive it); the
+        new one is made at the next build."""
+        cfg = self._cfg()
+        with self._lock:
+            if self._made_for is not None and (cfg.engines, cfg.mqtt, cfg.device_id) != self._made_for:
+                self._close_locked()
+                self._made_for = None

@@ -301,6 +301,7 @@ class EngineManager:
     def reconfigure(self, cfg: AgentConfig) -> None:
         """The reloaded configuration is now in effect (after every model in it was opened)."""
         self.cfg = cfg
+        self.shared_cache.refresh()  # a changed engines section ends the waits under the old one
 
     def republish(self) -> None:
         """Every model's engine state again (after the MQTT connection was replaced)."""

@@ -16,7 +16,10 @@
 
 With the fleet's engine cache (`shared`, engines.cache; agent.lifecycle.shared_cache) and the device's
 fingerprint, steps 2-5 are the build the cache stands in front of, under the same lock: an engine pulled
-from the cache is the job's result (origin `cache`), a build that passed its gate is pushed.
+from the cache is the job's result (origin `cache`), a build that passed its gate is pushed. While it waits
+for another device's build, the caller holds the job's JobCancel (agent.lifecycle.cancel): killed (a reload
+that retires the model) or stopped, the wait ends and the job is `Cancelled`; a reload that replaces the
+engines section moves the wait under the new one.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent import __version__
+from agent.lifecycle.cancel import JobCancel, JobCancelled, Killable, SectionReplaced
 from agent.lifecycle.job import JobRequest, JobResult, job_command, start_job
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.shared_cache import SharedCache
 from agent.telemetry.engine_cache import ENGINE_CACHE
-from engines.buildproc import ChildProcess, Event
+from engines.buildproc import Event
 from engines.errors import BuildLockedError, EngineError
 from engines.fingerprint import Fingerprint
 from engines.plan import Capabilities, needs_calibration_frames, needs_gate, plan_steps
@@ -43,6 +47,10 @@ from engines.store import EngineStore
 from engines.store.lock import BuildLock
 
 Emit = Callable[[Event], None]
+# ctx, caps, precision, force, on_event, on_start, lock: one job's arguments, as _build takes them
+_JobArgs = tuple[
+    ModelContext, Capabilities, Precision, bool, Emit, "Callable[[Killable], None] | None", BuildLock
+]
 
 
 class LockUnavailable(Exception):
@@ -80,25 +88,44 @@ class JobRunner:
         precision: Precision,
         force: bool,
         on_event: Emit,
-        on_start: Callable[[ChildProcess], None] | None = None,
+        on_start: Callable[[Killable], None] | None = None,
         fingerprint: Fingerprint | None = None,
+        cancel: JobCancel | None = None,
     ) -> JobResult:
         """The whole job under the model's build lock, released however it ends. Raises LockUnavailable,
         and what the frame source raises; a failed job is a result (`error`). `fingerprint`: this device's,
-        for the engine cache (without it, or without a cache, every engine is built here)."""
+        for the engine cache (without it, or without a cache, every engine is built here). `cancel`: ends the
+        job before its child starts (agent.lifecycle.cancel; the runner's `stop` does too)."""
+        cancel = cancel if cancel is not None else JobCancel(self.stop)
         with self.lock(ctx.name, precision) as lock:
-
-            def build() -> JobResult:
-                return self._build(ctx, caps, precision, force, on_event, on_start, lock)
-
-            shared = self.shared() if self.shared is not None and fingerprint is not None else None
-            if shared is None or fingerprint is None:
-                result = build()
-            else:
-                result = shared.acquire(ctx, caps, fingerprint, self.store(), precision, force, build)
+            try:
+                job = (ctx, caps, precision, force, on_event, on_start, lock)
+                result = self._acquire(job, fingerprint, cancel)
+            except JobCancelled as exc:
+                return JobResult.failed(precision, f"model {ctx.name!r}: engine job {exc}", "Cancelled")
         if result.ok and result.key is not None and result.origin != "store":
             self.origins[(ctx.name, result.key)] = result.origin
         return result
+
+    def _acquire(self, job: _JobArgs, fingerprint: Fingerprint | None, cancel: JobCancel) -> JobResult:
+        """The job through the engine cache as configured now; again under a section a reload put in place
+        while this one waited for another device's build. Raises JobCancelled."""
+        ctx, caps, precision, force = job[:4]
+        while True:
+            shared = self.shared() if self.shared is not None and fingerprint is not None else None
+            closed = shared.closed if shared is not None else None
+            build = functools.partial(self._checked_build, job, cancel, closed)
+            if shared is None or fingerprint is None:
+                return build()
+            store, sleep = self.store(), cancel.sleeper(closed)
+            try:
+                return shared.acquire(ctx, caps, fingerprint, store, precision, force, build, sleep)
+            except SectionReplaced:
+                continue
+
+    def _checked_build(self, job: _JobArgs, cancel: JobCancel, closed: threading.Event | None) -> JobResult:
+        cancel.check(closed, stop=False)  # a cancelled job starts no child (a stop: _build says `stopped`)
+        return self._build(*job)
 
     def _build(
         self,
@@ -107,7 +134,7 @@ class JobRunner:
         precision: Precision,
         force: bool,
         on_event: Emit,
-        on_start: Callable[[ChildProcess], None] | None,
+        on_start: Callable[[Killable], None] | None,
         lock: BuildLock,
     ) -> JobResult:
         """Frames, request, child (steps 2-5), under the lock `run` holds."""
@@ -143,7 +170,7 @@ class JobRunner:
         return lock
 
     def _child(
-        self, request: JobRequest, on_event: Emit, on_start: Callable[[ChildProcess], None] | None
+        self, request: JobRequest, on_event: Emit, on_start: Callable[[Killable], None] | None
     ) -> JobResult:
         job = start_job(request, on_event) if self.env is None else start_job(request, on_event, self.env)
         if on_start is not None:

@@ -26,6 +26,8 @@ import contextlib
 import logging
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.fleet.acquire import Acquired, acquire_engine
 from agent.lifecycle.calibration import CalibrationError
+from agent.lifecycle.cancel import JobCancelled
 from agent.lifecycle.job import JobResult, resolved_settings
 from agent.lifecycle.model import ModelContext
 from agent.telemetry.engine_cache import ENGINE_CACHE
@@ -110,6 +113,13 @@ class SharedCache:
         self.cache, self.trust, self.signer, self.claims = cache, trust, signer, claims
         self.device, self.wait_s, self.poll_s = device, wait_s, poll_s
         self._down = False  # the registry did not answer: said once, until it does again
+        self.closed = threading.Event()  # set by close(): a wait under this section ends (SectionReplaced)
+
+    def close(self) -> None:
+        """This section is out (a reload replaced it, or the agent stops): waits end, claims released."""
+        self.closed.set()
+        if hasattr(self.claims, "close"):
+            self.claims.close()
 
     def acquire(
         self,
@@ -120,8 +130,10 @@ class SharedCache:
         precision: Precision,
         force: bool,
         build: Callable[[], JobResult],
+        sleep: Callable[[float], None] = time.sleep,
     ) -> JobResult:
-        """The job's result: pulled (origin `cache`) or built by `build` (the job) and pushed."""
+        """The job's result: pulled (origin `cache`) or built by `build` (the job) and pushed. `sleep`:
+        between two pulls while another device builds; what it raises (agent.lifecycle.cancel) ends it."""
         expected = None if force else expected_spec(ctx, caps, fp, precision)
         if expected is None or _fits(store, ctx.name, *expected, fp):
             # A forced build, no key before the gate, or the engine is here already (the job says so).
@@ -130,16 +142,21 @@ class SharedCache:
             return result
         spec = expected[1]
         job = _Job(ctx, store, spec, precision)
-        got: Acquired[JobResult] = acquire_engine(
-            spec.key,
-            pull=lambda key: self._pull(job),
-            build=lambda key: build(),
-            push=lambda key, result: self._push(ctx, store, spec.fingerprint, result),
-            claims=self.claims,
-            wait_s=self.wait_s,
-            poll_s=self.poll_s,
-            log=self._say,
-        )
+        try:
+            got: Acquired[JobResult] = acquire_engine(
+                spec.key,
+                pull=lambda key: self._pull(job),
+                build=lambda key: build(),
+                push=lambda key, result: self._push(ctx, store, spec.fingerprint, result),
+                claims=self.claims,
+                wait_s=self.wait_s,
+                poll_s=self.poll_s,
+                log=self._say,
+                sleep=sleep,
+            )
+        except JobCancelled as exc:  # nothing pulled or built: the store is as it was
+            log.info("model %s: engine %s: stopped waiting for the engine cache: %s", ctx.name, spec.key, exc)
+            raise
         self._counted(got)
         if got.origin == "cache":
             return pulled_result(job, got.pulled)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from agent.lifecycle.cancel import Killable
 from agent.lifecycle.model import ModelContext
 from agent.lifecycle.serving import EngineTarget
-from engines.buildproc import ChildProcess, Progress
+from engines.buildproc import Progress
 from engines.precision import Precision
 
 # The daemon's log names the engine manager for every line of its lifecycle.
@@ -100,7 +101,7 @@ class ModelEngine:
     target: EngineTarget
     lock: threading.Lock = field(default_factory=threading.Lock)
     state: EngineState = field(default_factory=EngineState)
-    job: ChildProcess | None = None
+    job: Killable | None = None  # the job's JobCancel, then its child: retire() and close() kill it
     busy: bool = False  # a job (capture, child, adoption) is under way
     seen: tuple = ()  # engine dir listing at the last check, to notice builds made by other processes
     last_progress_pub: float = 0.0
