@@ -12,6 +12,7 @@ import io
 import json
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -275,3 +276,88 @@ def test_an_engine_manifest_not_utf8_too_deep_or_with_a_huge_number_is_a_manifes
     path.write_bytes(data)
     with pytest.raises(ManifestError):
         load_manifest(path)
+
+
+# -- build claims: payloads and topic shapes on {prefix}/_fleet/builds/# of a real mosquitto -------------
+PREFIX = "edge-agent"
+
+
+def _claim_body(device: str, key: str, claimed_at: Any, expires: Any) -> bytes:
+    return json.dumps({"device": device, "key": key, "claimed_at": claimed_at, "expires": expires}).encode()
+
+
+def test_a_claim_with_a_309_digit_number_is_no_claim_and_parse_claim_never_raises() -> None:
+    # Before: float() of the integer raised OverflowError out of parse_claim ("never raises"): in the
+    # claims' network thread the message was dropped, so a device's earlier claim stayed in force.
+    from agent.fleet.claim_record import parse_claim
+
+    rng = random.Random(9)
+    huge = 10**400
+    assert parse_claim("k1", "d1", _claim_body("d1", "k1", huge, 5)) is None
+    assert parse_claim("k1", "d1", _claim_body("d1", "k1", 1, huge)) is None
+    values: list[Any] = [huge, -huge, 1e308, -1.5, 0, None, "1", [], {}, True, 2**63, 10**18, 0.5]
+    for _ in range(400):
+        body = _claim_body("d1", "k1", rng.choice(values), rng.choice(values))
+        if rng.random() < 0.3:
+            i = rng.randrange(len(body))
+            body = body[:i] + rng.choice([b"[" * 200, b"9" * 400, b"\xff", b"NaN", b"-Infinity"]) + body[i:]
+        parse_claim("k1", "d1", body)  # None or a Claim, never an exception
+
+
+def test_junk_claims_of_every_topic_shape_never_win_and_a_garbled_claim_frees_the_key(
+    mqtt_broker: Any,
+) -> None:
+    from fixtures_mqtt import publish, retain
+
+    from agent.config.mqtt import MqttConfig
+    from agent.fleet.claims import BuildClaims
+
+    key = "trt10-orin-sm87-fuzz"
+    port = mqtt_broker.port
+    early, later = 1_000.0, 4_000_000_000.0  # claimed long ago, expiring far in the future
+    head = f"{PREFIX}/_fleet/builds"
+    rng = random.Random(21)
+    junk: list[tuple[str, bytes]] = [
+        (f"{head}/{key}/x/extra", _claim_body("x", key, early, later)),  # an extra level
+        (f"{head}/{key}/", _claim_body("", key, early, later)),  # an empty device level
+        (f"{head}//{key}", _claim_body(key, "", early, later)),  # an empty key level
+        (f"{head}/{key}", _claim_body(key, key, early, later)),  # no device level
+        (f"{head}/not a tag!/d1", _claim_body("d1", "not a tag!", early, later)),
+        (f"{head}/{'k' * 129}/d1", _claim_body("d1", "k" * 129, early, later)),
+        (f"{head}/{key}/d2", _claim_body("d3", key, early, later)),  # another device's name
+        (f"{head}/{key}/d4", _claim_body("d4", key + "x", early, later)),  # another key
+        (f"{head}/{key}/d5", _claim_body("d5", key, 10**400, later)),
+        (f"{head}/{key}/d6", _claim_body("d6", key, early, 10**400)),
+        (f"{head}/{key}/d7", _claim_body("d7", key, early, early + 3 * 86_400)),  # an absurd lifetime
+        (f"{head}/{key}/d8", b"[" * 900),
+        (f"{head}/{key}/d9", _claim_body("d9", key, early, later).replace(b"1000.0", b"NaN")),
+        (f"{head}/{key}/d10", _claim_body("d10", key, early, later) + b" " * 2000),  # too large
+    ]
+    for i in range(20):
+        device = f"r{i}"
+        body = bytearray(_claim_body(device, key, early, later))
+        spot = rng.randrange(len(body))
+        body[spot : spot + 1] = rng.choice([b"", b"\x00", b"\xff", b'"', b"}", b"9" * 400])
+        junk.append((f"{head}/{key}/{device}", bytes(body)))
+    retain(port, junk)
+    cfg = MqttConfig(host="127.0.0.1", port=port, reconnect_min_s=0.2, reconnect_max_s=1.0)
+    rival = BuildClaims(cfg, PREFIX, "orin-a", ttl_s=60, settle_s=0.3, timeout_s=10).open()
+    me = BuildClaims(cfg, PREFIX, "orin-b", ttl_s=60, settle_s=0.3, timeout_s=10).open()
+    try:
+        # Mutated claims may still be well formed (a digit changed): only those can hold the key.
+        standing = {me.holder(key)}
+        assert standing <= {None} | {f"r{i}" for i in range(20)}, standing
+        for topic, _ in junk:  # clear the junk: what stays is what the two devices do
+            publish(port, topic, b"", retain=True)
+        assert rival.claim(key) is True
+        assert me.claim(key) is False and me.holder(key) == "orin-a"
+        # The rival's own topic now carries a garbled claim (a 309-digit time): no claim, the key is free
+        # (the rival renews only every ttl_s / 3).
+        publish(port, f"{head}/{key}/orin-a", _claim_body("orin-a", key, 10**400, later), retain=True)
+        deadline = time.monotonic() + 10
+        while me.holder(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert me.holder(key) is None
+    finally:
+        me.close()
+        rival.close()

@@ -97,7 +97,10 @@ def _no_constant(name: str) -> Any:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer of 309+ digits
+        return None
     return out if math.isfinite(out) else None
 
 
