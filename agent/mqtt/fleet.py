@@ -188,6 +188,9 @@ def rows(views: Mapping[str, DeviceView], now: float | None = None) -> list[dict
                 "cameras": f"{_show(up)}/{_show(total)}" if v.status is not None else "?",
                 "fps": round(sum(f for f in fps if f is not None), 1),
                 "engines": {_word(m): _word(e.get("state")) for m, e in sorted(v.engines.items())},
+                # built | cache | store: the engine's (a sharded device's: its supervisor's job's, as every
+                # shard serves it); None before a model has one
+                "origins": {_word(m): _origin(e) for m, e in sorted(v.engines.items())},
                 "tensorrt": sorted({_runtime(e) for e in v.engines.values()}),
                 "last_seen": None if v.last_ts is None else round(max(0.0, now - v.last_ts), 1),
                 "duplicates": len(dups) if isinstance(dups, list) else 0,
@@ -206,7 +209,8 @@ def render(table: list[dict[str, Any]]) -> str:
         state = r["state"] + (f" ({r['reason']})" if r["reason"] else "")
         if r["duplicates"]:
             state += f" DUPLICATE ID: {r['duplicates'] + 1} agents"
-        engines = ", ".join(f"{m}:{s}" for m, s in r["engines"].items()) or "-"
+        origins = r.get("origins") or {}
+        engines = ", ".join(_engine_cell(m, s, origins.get(m)) for m, s in r["engines"].items()) or "-"
         seen = "?" if r["last_seen"] is None else _ago(r["last_seen"])
         lines.append(
             [
@@ -231,6 +235,16 @@ def _cell(value: Any) -> str:
     # Device ids come from topic levels anyone with write access chose: no control characters on a terminal.
     text = str(value)
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:64]
+
+
+def _origin(engine: Mapping[str, Any]) -> str | None:
+    origin = engine.get("origin")
+    return None if origin is None else _word(origin)
+
+
+def _engine_cell(model: str, state: str, origin: str | None) -> str:
+    """"detector:ready (cache)": the state, and where the engine came from when it has one."""
+    return f"{model}:{state}" + (f" ({origin})" if origin else "")
 
 
 def _word(value: Any) -> str:

@@ -122,7 +122,10 @@ class ShardEngines:
         if own is None or client is None:
             return
         shards = {
-            str(k): {f: s.get(f) for f in ("state", "backend", "precision", "key", "loaded") if f in s}
+            str(k): {
+                **{f: s.get(f) for f in ("state", "backend", "precision", "key", "loaded") if f in s},
+                **self._origin(groups.get(self.group(k)), s),
+            }
             for k, s in sorted(self._shards.get(model, {}).items())
         }
         extra: dict[str, Any] = {"shards": shards}
@@ -131,6 +134,14 @@ class ShardEngines:
             extra["gpu_models"] = {g: {f: v.get(f) for f in keep if f in v} for g, v in groups.items()}
         body = payload("engine", model=model, **{**own, **extra})
         client.publish(self._owner.topics.engine(model), body, qos=1, retain=True, kind="state")
+
+    @staticmethod
+    def _origin(own: dict[str, Any] | None, shard: dict[str, Any]) -> dict[str, Any]:
+        """Where shard's engine came from: the supervisor's job said it (built | cache | store) for the key
+        the shard serves; the shard itself only found that plan in the store the supervisor shares."""
+        if own is not None and own.get("origin") and shard.get("key") == own.get("key"):
+            return {"origin": own["origin"]}
+        return {"origin": shard["origin"]} if shard.get("origin") else {}
 
     # ---- builds -----------------------------------------------------------------------------------------
     def rebuild(self, model: str, force: bool, precision: Precision | None) -> bool:
