@@ -33,10 +33,19 @@ def _add_check(sub: Any) -> None:
 
 
 def _add_rebuild(sub: Any) -> None:
-    rb = sub.add_parser("rebuild", help="build engines that do not fit (or all with --force); daemon may run")
+    rb = sub.add_parser(
+        "rebuild",
+        help="build engines that do not fit (or all with --force); daemon may run",
+        description="Build the engines that do not fit this device (all of them with --force); a running "
+        "daemon picks them up. With engines.cache, an engine that does not fit is pulled from the fleet's "
+        "cache where it holds one of the key (else built here and pushed, one build per key across the "
+        "fleet as in the daemon); --force always builds here and never pulls.",
+    )
     rb.add_argument("-c", "--config", required=True)
     rb.add_argument("--model")
-    rb.add_argument("--force", action="store_true", help="build even if the stored engine fits")
+    rb.add_argument(
+        "--force", action="store_true", help="build here even if the stored engine fits (never pulled)"
+    )
     rb.add_argument("--precision", choices=REQUESTABLE)
     rb.add_argument(
         "--wait",

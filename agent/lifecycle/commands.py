@@ -5,20 +5,25 @@ check: exit 0 when every TensorRT model has a fitting engine, 1 when one needs a
 rebuild: takes the model's build lock (`--wait` seconds for it; refused at once naming the holder's pid,
 start and command otherwise), captures the frames the gate needs when there are none (from the cameras:
 no daemon pipeline here), then runs the same child job as the daemon, handing it the lock: one rebuild
-per model at a time over the whole job, gate and build. A running daemon picks the new engine up by
-itself. Progress (agent.lifecycle.progress) goes to stderr: a bar on a terminal, a few lines piped. The
-job is the daemon's walk (agent.lifecycle.runner) with the CLI's frames and words.
+per model at a time over the whole job, gate and build. With `engines.cache` a plain rebuild of an engine
+that does not fit pulls the cache's engine of the key instead of building (as the daemon does; a miss:
+built here, and pushed); `--force` always builds here and never pulls (an operator who forces a rebuild
+wants this machine's build, e.g. after a plan the cache holds misbehaved). A running daemon picks the new
+engine up by itself. Progress (agent.lifecycle.progress) goes to stderr: a bar on a terminal, a few lines
+piped. The job is the daemon's walk (agent.lifecycle.runner) with the CLI's frames and words.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig, ConfigError
+from agent.lifecycle.cache_setup import CacheSetup
 from agent.lifecycle.calibration import CalibrationError, frames_to_capture, load_calibration_set
 from agent.lifecycle.capture import capture_calibration_set
 from agent.lifecycle.gate import run_gate
@@ -168,10 +173,29 @@ def run_rebuild(
     def waiting(name: str, holder: str) -> None:
         print(f"{name}: waiting up to {wait_s:g} s for another build ({holder})", file=sys.stderr)
 
-    # The whole job under the model's lock: frames, gate, build (the child inherits it).
+    # The whole job under the model's lock: frames, gate, build (the child inherits it); with the fleet's
+    # engine cache (engines.cache) in front of it as in the daemon: a plain rebuild pulls a fitting engine
+    # the cache holds (one build per key for the fleet), `--force` builds here and never pulls.
+    shared = CacheSetup(lambda: cfg)
     runner = JobRunner(
-        lambda: EngineStore(cfg.engine_dir), CameraFrames(cfg), lock_wait_s=wait_s, on_wait=waiting
+        lambda: EngineStore(cfg.engine_dir),
+        CameraFrames(cfg),
+        lock_wait_s=wait_s,
+        on_wait=waiting,
+        shared=shared,
     )
+    if cfg.engines.cache is not None:  # its lines (a pull, a wait for another device's build) are news here
+        said = logging.getLogger("agent.lifecycle.manager")
+        said.setLevel(min(said.getEffectiveLevel(), logging.INFO))
+    try:
+        return _rebuild_each(cfg, runner, model, force, precision)
+    finally:
+        shared.close()  # the build claims still held, released
+
+
+def _rebuild_each(
+    cfg: AgentConfig, runner: JobRunner, model: str | None, force: bool, precision: Precision | None
+) -> int:
     rc = 0
     for ctx in _selected(cfg, model):
         try:
@@ -186,7 +210,7 @@ def run_rebuild(
         requested = precision or ctx.cfg.precision
         progress = _Progress(ctx.name)
         try:
-            result = runner.run(ctx, target.api, requested, force, progress)
+            result = runner.run(ctx, target.api, requested, force, progress, None, target.fingerprint)
         except LockUnavailable as exc:  # held by another build (or it cannot be taken)
             print(f"{ctx.name}: {exc.error}", file=sys.stderr)
             rc = 2
