@@ -7,6 +7,7 @@ a secret. Deterministic (fixed seeds) and bounded in count."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -361,3 +362,181 @@ def test_junk_claims_of_every_topic_shape_never_win_and_a_garbled_claim_frees_th
     finally:
         me.close()
         rival.close()
+
+
+# -- retained rollouts and `fleet deploy` options ------------------------------------------------------
+def _rollout_body() -> dict[str, Any]:
+    from agent.fleet.rollout_plan import RolloutOptions
+    from agent.fleet.rollout_state import Rollout
+
+    class Doc:
+        model, version, request_id = "detector", "v9", "r9"
+
+    r = Rollout.create("r-fuzz", Doc, "a" * 64, [["cam-a"], ["cam-b", "cam-c"]], RolloutOptions().check())
+    r.devices["cam-a"].move("done", "ok")
+    body: dict[str, Any] = json.loads(r.payload())
+    return body
+
+
+def _paths(o: Any, p: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if p:
+        yield p
+    items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else []
+    for k, v in items:
+        yield from _paths(v, (*p, k))
+
+
+def _set(o: Any, p: tuple[Any, ...], v: Any) -> None:
+    for k in p[:-1]:
+        o = o[k]
+    o[p[-1]] = v
+
+
+ESCAPES = "\x1b[2J\x07\u202e"
+CONTROLS = "\x1b\x07\u202e"  # what ESCAPES must not bring to a terminal
+ROLLOUT_VALUES: list[Any] = [
+    None, True, 0, -1, 1.5, 1e308, float("inf"), float("-inf"), float("nan"), 10**400, -(10**400), 2**70,
+    "", "x", "é" + ESCAPES, "a" * 5000, [], [1], {}, {"a": 1}, [[[[]]]], "running", "done",
+]
+
+
+def _shown_cleanly(r: Any) -> None:
+    from agent.fleet.rollout_table import as_json, render_detail, render_list
+
+    shown = render_detail(r) + render_list({r.id: r})
+    assert not any(c in shown for c in CONTROLS), shown
+    json.dumps(as_json(r), allow_nan=False)  # --json prints JSON, not Infinity
+
+
+def test_mutated_retained_rollouts_read_back_or_are_refused_and_render_cleanly() -> None:
+    # Before: a 309-digit integer at any number raised OverflowError out of from_payload; Infinity was
+    # taken as a time (`--json` printed `Infinity`, not JSON); a model or halted_reason with terminal
+    # escapes was printed as it came.
+    from agent.fleet.rollout_state import Rollout, RolloutStateError
+
+    good = _rollout_body()
+    rng = random.Random(383)
+    cases: list[dict[str, Any]] = []
+    for p in list(_paths(good)):
+        for v in ROLLOUT_VALUES:
+            body = json.loads(json.dumps(good))
+            _set(body, p, copy.deepcopy(v))
+            cases.append(body)
+    for _ in range(600):
+        body = json.loads(json.dumps(good))
+        for _ in range(rng.randint(1, 4)):
+            _set(body, rng.choice(list(_paths(body))), copy.deepcopy(rng.choice(ROLLOUT_VALUES)))
+        cases.append(body)
+    read = 0
+    for body in cases:
+        try:
+            r = Rollout.from_payload(json.dumps(body).encode())
+        except RolloutStateError:
+            continue
+        read += 1
+        _shown_cleanly(r)
+    assert read > 50  # the mutations that keep a usable rollout are rendered too
+
+
+def test_a_device_state_with_a_309_digit_progress_never_breaks_a_step() -> None:
+    # Before: float() of the device's progress raised OverflowError out of step (the driver of
+    # `fleet deploy` ended with an internal error on one device's junk state).
+    from agent.fleet.rollout_plan import RolloutOptions
+    from agent.fleet.rollout_state import DEPLOYING, DeviceRecord
+    from agent.fleet.rollout_step import Goal, Observation, step
+
+    for progress in (10**400, -(10**400), float("nan"), float("inf"), 2**63):
+        rec = DeviceRecord("d", 0, DEPLOYING)
+        rec.sent_at = 0.0
+        obs = Observation(True, 0.0, {"stage": "building", "progress": progress, "version": "v9"}, True, None)
+        step(rec, obs, Goal("detector", "v9", "r9"), RolloutOptions(soak_s=5, offline_timeout_s=5), 1.0)
+        assert 0.0 <= rec.progress <= 1.0
+
+
+def _signed_doc(tmp_path: Path) -> Path:
+    from agent.deploy.signing import sign_document
+
+    private, _ = generate_keys(tmp_path / "keys", "ops")
+    doc = {"model": "detector", "version": "v9", "format": "nanodet", "request_id": "r9",
+           "artifacts": {"onnx": {"url": "https://store.invalid/m.onnx", "sha256": "0" * 64, "size": 10},
+                         "labels": {"url": "https://store.invalid/l.txt", "sha256": "0" * 64, "size": 10}}}
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(sign_document(doc, private, "ops")))
+    return path
+
+
+def test_fleet_rollouts_and_resume_over_junk_retained_rollouts(mqtt_broker: Any, tmp_path: Path) -> None:
+    from fixtures_mqtt import retain
+
+    good = _rollout_body()
+    raw = json.dumps(good, separators=(",", ":"))
+    junk: dict[str, bytes] = {
+        "j-inf": raw.replace('"created_at":', '"created_at":Infinity,"x":').encode(),
+        "j-huge": raw.replace('"updated_at":', '"updated_at":' + "9" * 400 + ',"x":').encode(),
+        "j-esc": json.dumps({**good, "model": "m" + ESCAPES, "halted_reason": ESCAPES}).encode(),
+        "j-nan": raw.replace('"progress":0.0', '"progress":NaN').encode(),
+        "j-deep": b"[" * 100_000,
+        "j-wide": json.dumps({**good, "waves": [[f"d{i}" for i in range(30_000)]]}).encode(),
+        "j-types": json.dumps({**good, "devices": [1, 2], "options": "x"}).encode(),
+        "j-utf": b"\xff\xfe" + raw.encode(),
+        "j-ok": raw.encode(),
+    }
+    junk = {rid: body.replace(b'"r-fuzz"', f'"{rid}"'.encode()) for rid, body in junk.items()}
+    retain(mqtt_broker.port, [(f"{PREFIX}/_fleet/rollouts/{rid}", body) for rid, body in junk.items()])
+    flags = ["--mqtt-host", "127.0.0.1", "--mqtt-port", str(mqtt_broker.port), "--prefix", PREFIX]
+    doc_path = _signed_doc(tmp_path)
+
+    def ok(code: int, out: str, err: str) -> None:
+        assert "internal error" not in err and "Traceback" not in err, err
+        assert not any(c in out + err for c in CONTROLS), out + err
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1, err
+
+    code, out, err = cli(["fleet", "rollouts", *flags])
+    ok(code, out, err)
+    assert code == 0 and all(rid in out for rid in junk), out
+    code, out, err = cli(["fleet", "rollouts", "--json", *flags])
+    ok(code, out, err)
+    listed = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    assert listed["j-ok"]["id"] == "j-ok" and listed["j-esc"]["id"] == "j-esc"
+    assert all(listed[rid]["status"] == "unreadable" for rid in junk if rid not in ("j-ok", "j-esc"))
+    for rid in junk:
+        code, out, err = cli(["fleet", "rollouts", rid, *flags])
+        ok(code, out, err)
+        assert code == (0 if rid in ("j-ok", "j-esc") else 1), (rid, code, out, err)
+        code, out, err = cli(["fleet", "deploy", str(doc_path), "--resume", rid, "--wait", "1", *flags])
+        ok(code, out, err)
+        assert code == 2 and f"--resume {rid}" in err, (rid, code, err)  # unusable, or another document
+
+
+def test_fleet_deploy_options_with_bad_values_exit_2_naming_the_option(
+    mqtt_broker: Any, tmp_path: Path
+) -> None:
+    from fixtures_mqtt import retain
+
+    flags = ["--mqtt-host", "127.0.0.1", "--mqtt-port", str(mqtt_broker.port), "--prefix", PREFIX]
+    doc = str(_signed_doc(tmp_path))
+    status = {"schema": "edge-agent/status/1", "ts": 1.0, "state": "online", "groups": []}
+    retain(mqtt_broker.port, [(f"{PREFIX}/{d}/status", json.dumps(status).encode()) for d in ("x", "y")])
+    bad = {
+        "--canary": ["-1", "1e309", "x", "", "1.5"],
+        "--batch": ["0", "-1", "0%", "101%", "1e309", "x", "", "%", "50.5%", "-5%"],
+        "--max-failures": ["-1", "1e309", "x", "", "1.5"],
+        "--soak": ["-1", "1e309", "nan", "inf", "x", "", "604801", "0x10"],
+        "--offline-timeout": ["-1", "nan", "inf", "", "1e309"],
+        "--device-timeout": ["0", "-1", "nan", "inf", "", "1e309"],
+        "--wait": ["0", "-1", "nan", "inf", "1e309"],
+        "--devices": ["", ",", "x,,y", "a/b", "+", "#"],
+        "--resume": ["", "a/b", "+", "#", "x" * 100, "é"],
+        "--trust": ["", "=", "a=", "=b"],
+        "--mqtt-port": ["0", "-1", "65536", "x", ""],
+    }
+    n = 0
+    for option, values in bad.items():
+        for value in values:
+            targets = [] if option in ("--devices", "--resume") else ["--all"]
+            code, _, err = cli(["fleet", "deploy", doc, *targets, *flags, option, value])
+            n += 1
+            assert code == 2 and "internal error" not in err, (option, value, err)
+            assert err.strip().splitlines()[-1].count(option) >= 1, (option, value, err)
+    assert n == sum(map(len, bad.values()))

@@ -166,6 +166,13 @@ def cmd_fleet_deploy(args: argparse.Namespace) -> int:
     try:
         if args.resume is not None and any(getattr(args, f) not in (None, False) for f in TARGET_FLAGS):
             raise PlanError("--resume ID goes on with the rollout's own targets and options: give no other")
+        if args.resume is not None:
+            from agent.fleet.rollout_state import check_id
+
+            try:
+                check_id(args.resume)
+            except PlanError as exc:  # the option named, as every other refusal does
+                raise PlanError(f"--resume: {exc}") from None
         raw = _read(args.doc)
         live = None if args.json else LiveTable()
         targets = None

@@ -11,6 +11,7 @@ RolloutStateError (one line naming the field) for anything it cannot use; nothin
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import time
@@ -170,7 +171,7 @@ class Rollout:
             return _parse(body)
         except KeyError as exc:
             raise RolloutStateError(f"{exc.args[0]}: missing") from None
-        except (TypeError, ValueError, AttributeError) as exc:  # PlanError is a ValueError
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # PlanError: a ValueError
             raise RolloutStateError(clean(exc, 200) or "unusable") from None
 
 
@@ -187,8 +188,8 @@ def _num(body: dict[str, Any], key: str, optional: bool = False) -> Any:
     value = body[key]
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise TypeError(f"{key}: must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{key}: must be a number")  # not NaN or Infinity: --json prints what it read
     return float(value)
 
 

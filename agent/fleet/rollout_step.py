@@ -96,7 +96,8 @@ def _deploying(rec: DeviceRecord, obs: Observation, goal: Goal, opts: RolloutOpt
         stage = state.get("stage")
         rec.deployment = str(stage)[:32]
         progress = state.get("progress")
-        if isinstance(progress, (int, float)) and not isinstance(progress, bool):
+        if isinstance(progress, float) or (type(progress) is int and abs(progress) < 1 << 53):
+            # a 309-digit int would not convert; NaN falls to 0 through max()
             rec.progress = min(1.0, max(0.0, float(progress)))
         if isinstance(state.get("previous"), str) or state.get("previous") is None:
             rec.previous = state.get("previous")

@@ -45,11 +45,12 @@ def rows(r: Rollout) -> list[tuple[str, ...]]:
 def header(r: Rollout) -> str:
     wave = min(r.wave + 1, len(r.waves))
     line = (
-        f"rollout {r.id}: {r.model} {clean(r.version, 128)} to {len(r.targets)} devices, {r.status}, "
+        f"rollout {r.id}: {clean(r.model, 128)} {clean(r.version, 128)} to {len(r.targets)} devices, "
+        f"{r.status}, "
         f"wave {wave}/{len(r.waves)}, failures {r.failures()}/{r.options.max_failures}"
     )
     if r.halted_reason:
-        line += f"\nhalted: {r.halted_reason}"
+        line += f"\nhalted: {clean(r.halted_reason)}"
     return line
 
 
@@ -82,7 +83,7 @@ def render_list(found: Mapping[str, Rollout | RolloutStateError], now: float | N
         lines.append(
             (
                 r.id,
-                r.model,
+                clean(r.model, 64) or "",
                 clean(r.version, 64) or "",
                 r.status,
                 f"{min(r.wave + 1, len(r.waves))}/{len(r.waves)}",
