@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fixtures_deploy import deploy_kit  # noqa: F401  (the fixture: nginx and the signing keys)
 
 from agent.cli.main import main
 from agent.deploy.signing import generate_keys
@@ -540,3 +541,61 @@ def test_fleet_deploy_options_with_bad_values_exit_2_naming_the_option(
             assert code == 2 and "internal error" not in err, (option, value, err)
             assert err.strip().splitlines()[-1].count(option) >= 1, (option, value, err)
     assert n == sum(map(len, bad.values()))
+
+
+# -- cmd/deploy documents with oci:// artifact URLs of odd shapes, against the real agent --------------
+DIGEST = "sha256:" + "a" * 64
+
+
+def _odd_oci_urls(rng: random.Random, n: int) -> list[str]:
+    hosts = ["127.0.0.1:5000", "[::1]", "[::1", "h:99999", "u:" + MARK + "@h", "", "h:٥٠٠٠", "é", "h h",
+             "h\n"]
+    repos = ["site/models", "Site", "", "a//b", "a@b", "x" * 300, "a/../b"]
+    digests = [DIGEST, "sha256:" + "A" * 64, "sha256:", "sha512:" + "a" * 128, "latest", DIGEST + "\n"]
+    tails = ["", "?plain-http=maybe", "?x=1", "#frag", "?%ff=1"]
+    fixed = ["oci://h/x:latest", "oci://", "OCI://h/x@" + DIGEST, f"oci://h/x:t@{DIGEST}",
+             "oci:/h/x@" + DIGEST]
+    out = fixed[:]
+    while len(out) < n:
+        url = (f"oci://{rng.choice(hosts)}/{rng.choice(repos)}{rng.choice(['@', ':', '@@'])}"
+               f"{rng.choice(digests)}{rng.choice(tails)}")
+        if url.startswith(f"oci://127.0.0.1:5000/site/models@{DIGEST}") and url.endswith(DIGEST):
+            continue  # a valid one
+        out.append(url)
+    return out
+
+
+def test_deploy_documents_with_odd_oci_urls_are_answered_naming_the_field_and_the_agent_serves_on(
+    deploy_kit: Any,  # noqa: F811
+    mqtt_broker: Any,
+    mqtt_subscribe: Any,
+    start_agent: Any,
+    tmp_path: Path,
+) -> None:
+    from fixtures_agent import wait_until
+    from fixtures_deploy import BASE, KEY_ID, agent_config, deploy, telemetry
+
+    from agent.deploy.signing import sign_document
+
+    cfg = agent_config(tmp_path, mqtt_broker.port, deploy_kit, cameras=1)
+    sub = mqtt_subscribe(mqtt_broker.port, f"{BASE}/#")
+    agent = start_agent(cfg)
+
+    def streaming() -> bool:
+        cams = [json.loads(p) for t, p, _ in sub.snapshot()
+                if t.startswith(f"{BASE}/cameras/") and t.endswith("/state") and p]
+        return bool(cams) and cams[-1]["state"] == "streaming"
+
+    assert wait_until(streaming, 90), agent.text()[-3000:]
+    rng = random.Random(505)
+    for i, url in enumerate(_odd_oci_urls(rng, 24)):
+        doc = deploy_kit.make_document(f"v{i + 10}", sign=False)
+        which = rng.choice(["onnx", "labels"])
+        doc["artifacts"][which] = {**doc["artifacts"][which], "url": url}
+        answer = deploy(sub, sign_document(doc, deploy_kit.private_key, KEY_ID), agent=agent)
+        assert not answer["ok"] and answer.get("field") == f"artifacts.{which}.url", (url, answer)
+        assert MARK not in json.dumps(answer), answer
+    assert agent.proc.poll() is None and "Traceback" not in agent.text()
+    before = len(telemetry(sub))
+    assert wait_until(lambda: len(telemetry(sub)) > before + 1, 20)  # still publishing
+    assert streaming()
