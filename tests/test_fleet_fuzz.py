@@ -599,3 +599,46 @@ def test_deploy_documents_with_odd_oci_urls_are_answered_naming_the_field_and_th
     before = len(telemetry(sub))
     assert wait_until(lambda: len(telemetry(sub)) > before + 1, 20)  # still publishing
     assert streaming()
+
+
+def _odd_files(tmp_path: Path) -> dict[str, Path]:
+    import os
+
+    d = tmp_path / "odd"
+    d.mkdir()
+    files = {
+        "deep": b"[" * 60000, "bignum": b'{"username": "u", "password": ' + b"9" * 5000 + b"}",
+        "garbage": os.urandom(200) + MARK.encode(), "notutf8": b'{"username": "\xff' + MARK.encode() + b'"}',
+        "empty": b"", "list": json.dumps([MARK]).encode(),
+        "colon": json.dumps({"username": "a:" + MARK, "password": MARK}).encode(),
+        "pem": f"-----BEGIN PUBLIC KEY-----\n{MARK}\n-----END PUBLIC KEY-----\n".encode(),
+        "huge": b"A" * (3 << 20) + MARK.encode(),
+    }
+    out = {}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+        out[name] = d / name
+    (d / "dir").mkdir()
+    os.mkfifo(d / "fifo")
+    (d / "link").symlink_to(d / "nowhere")
+    out.update(dir=d / "dir", fifo=d / "fifo", link=d / "link", missing=d / "nowhere")
+    return out
+
+
+def test_the_engines_files_of_every_odd_shape_through_check_config(
+    tmp_path: Path, keys: tuple[Path, Path]
+) -> None:
+    # Before: a credentials file nested too deep (RecursionError) or holding a 4300+ digit number
+    # (ValueError) ended check-config with an internal error.
+    files = _odd_files(tmp_path)
+    n = 0
+    for key in ("credentials_file", "ca_file", "signing_key", "trusted_keys"):
+        for name, path in files.items():
+            section = valid_section(keys)
+            value = json.dumps({"dev1": str(path)}) if key == "trusted_keys" else json.dumps(str(path))
+            code, text = check_config(tmp_path, {**section, key: value})
+            n += 1
+            assert code == 2 and MARK not in text, (key, name, text)
+            shown = f"engines.{key}.dev1: " if key == "trusted_keys" else f"engines.{key}: "
+            assert text.count("\n") == 1 and shown in text and str(path) in text, (key, name, text)
+    assert n == 4 * len(files)
