@@ -207,6 +207,7 @@ def test_pull_from_a_registry_answering_junk_ends_unavailable_or_rejected(
     scripts += [{"manifest": (401, bearer, b""), "token": (200, {}, t)}
                 for t in [*_mutations(rng, b'{"token": "t"}', 15), b'{"token": ["a"]}', b'{"token": " "}']]
     scripts += [
+        {"manifest": (401, bearer, b""), "token": (200, {}, '{"token": "中"}'.encode())},  # no header value
         {"manifest": (302, {"Location": "http://[::1/x"}, b"")},
         {"manifest": (302, {"Location": "/v2/site/engines/manifests/" + "k" * 16}, b"")},  # a loop
         {"manifest": (401, {}, b"")},  # no challenge

@@ -110,8 +110,8 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             )
         except requests.RequestException as e:
             raise unavailable(self.where, e, self.timeout_s) from None
-        except ValueError:  # a redirect to a URL that does not parse ("Invalid IPv6 URL")
-            raise CacheUnavailable(f"{self.where}: redirected to an invalid URL") from None
+        except ValueError:  # a redirect to an unparsable URL ("Invalid IPv6 URL"); a header not latin-1
+            raise CacheUnavailable(f"{self.where}: answered with a URL or login it cannot use") from None
         if r.status_code == 400 and b"HTTPS server" in r.content[:200]:
             raise CacheUnavailable(f"{self.where}: speaks HTTPS (give engines.ca_file, or drop plain-http)")
         if r.status_code >= 500:
@@ -165,7 +165,8 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             except (ValueError, RecursionError):
                 body = None
         token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
-        if not isinstance(token, str) or not token or any(c in token for c in " \r\n"):
+        usable = isinstance(token, str) and token.isascii() and token.isprintable() and " " not in token
+        if not usable or not token:
             raise CacheUnavailable(f"{self.where}: its token server answered {r.status_code} without a token")
         return token
 
