@@ -165,8 +165,9 @@ class Registry(oras.provider.Registry):  # type: ignore[no-any-unimported]  # or
             except (ValueError, RecursionError):
                 body = None
         token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
-        usable = isinstance(token, str) and token.isascii() and token.isprintable() and " " not in token
-        if not usable or not token:
+        if not isinstance(token, str) or not token or " " in token:
+            raise CacheUnavailable(f"{self.where}: its token server answered {r.status_code} without a token")
+        if not token.isascii() or not token.isprintable():
             raise CacheUnavailable(f"{self.where}: its token server answered {r.status_code} without a token")
         return token
 
