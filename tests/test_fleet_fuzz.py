@@ -643,3 +643,11 @@ def test_the_engines_files_of_every_odd_shape_through_check_config(
             shown = f"engines.{key}.dev1: " if key == "trusted_keys" else f"engines.{key}: "
             assert text.count("\n") == 1 and shown in text and str(path) in text, (key, name, text)
     assert n == 4 * len(files)
+
+
+@pytest.mark.parametrize("key", ["credentials_file", "ca_file", "signing_key", "trusted_keys"])
+def test_a_path_with_a_nul_is_one_line(tmp_path: Path, keys: tuple[Path, Path], key: str) -> None:
+    # Before: "must not contain a NUL character" and then the file check's "not a valid path": two lines.
+    value = json.dumps({"dev1": "a\x00b"}) if key == "trusted_keys" else json.dumps("a\x00b")
+    code, text = check_config(tmp_path, {**valid_section(keys), key: value})
+    assert code == 2 and text.count("\n") == 1 and "NUL" in text, text

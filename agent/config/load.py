@@ -66,6 +66,8 @@ def _parse(
     found_files = mqtt_file_problems(cfg.mqtt) + deploy_file_problems(cfg.deploy)
     files = [f"{source}: {p}" for p in found_files + engines_file_problems(cfg.engines)]
     files = [line for line in files if "${" not in line]  # a path with an unset variable: reported above
+    said = {_key_of(line, source) for line in found}  # a path refused above (a NUL in it): said once
+    files = [line for line in files if _key_of(line, source) not in said]
     if problems or found or files:
         # Only values the schema took: with an unset variable (its text), the config goes with the error so
         # the caller can check its files and models too (every problem at once).
@@ -73,6 +75,10 @@ def _parse(
         unset = bool(found) and all(line.endswith(" is not set") for line in found)
         raise ConfigError(joined(lines, source), config=cfg if unset else None)
     return cfg
+
+
+def _key_of(line: str, source: str) -> str:
+    return line.removeprefix(f"{source}: ").split(": ", 1)[0]
 
 
 def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
