@@ -117,14 +117,20 @@ class Nvml:
         self._load = load
         self._lock = threading.Lock()
         self._lib: Any = None
+        # pynvml not installed: remembered, not imported again at every telemetry tick (each failed import
+        # scans sys.path and allocates anew).
+        self._missing = False
 
     def lib(self) -> Any | None:
         """The initialised pynvml module, or None where NVML cannot be used."""
         with self._lock:
             if self._lib is None:
+                if self._missing:
+                    return None
                 try:
                     lib = self._load()
                 except ImportError:
+                    self._missing = True
                     return None
                 try:
                     lib.nvmlInit()
