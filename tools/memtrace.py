@@ -247,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=15.0)
     ap.add_argument(
         "--faults",
-        type=lambda v: set(v.split(",")),
+        type=lambda v: set() if v == "none" else set(v.split(",")),
         default=set(FAULTS),
-        help=f"which faults each cycle injects, comma-separated (default: {','.join(FAULTS)})",
+        help=f"which faults each cycle injects, comma-separated, or none: steady state, a snapshot every "
+        f"--settle-s (default: {','.join(FAULTS)})",
     )
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument(
