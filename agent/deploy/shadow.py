@@ -65,7 +65,7 @@ class ShadowResult:
             )
         if self.frames and self.latency_ratio > limit:
             reasons.append(
-                f"latency p95 {self.candidate_p95_ms:.1f} ms is {self.latency_ratio:.2f}x the "
+                f"latency p95 {self.candidate_p95_ms:.1f} ms is {round(self.latency_ratio, 3):.2f}x the "
                 f"serving model's {self.serving_p95_ms:.1f} ms (max {limit:g}x)"
             )
         ratio = self.detections_ratio

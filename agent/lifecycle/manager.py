@@ -91,7 +91,8 @@ class EngineManager:
             role.delegate if isinstance(role, ShardRole) else self._own_jobs(role, agent_version, frames_for)
         )
         self._watcher = StoreWatcher(
-            self._store_now, self._board, self._serving.adopt, self._watched, watch_interval_s, self._stop
+            self._store_now, self._board, self._serving.adopt, self._watched, watch_interval_s, self._stop,
+            self.origins,
         )
 
     def _own_jobs(

@@ -41,9 +41,13 @@ class StoreWatcher:
         models: Callable[[], list[ModelEngine]],
         interval_s: float,
         stop: threading.Event,
+        origins: dict[tuple[str, str], str] | None = None,
     ) -> None:
         self._store, self._board, self._adopt, self._models = store, board, adopt, models
         self._interval, self._stop = interval_s, stop
+        # (model, key) -> built | cache of this process's jobs: a deployment's engine found here before its
+        # promotion reopened the model keeps the origin its job recorded.
+        self._origins = origins if origins is not None else {}
 
     def run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -76,6 +80,6 @@ class StoreWatcher:
             build_s=manifest.build.build_s,
             reasons=[],
             validation=report.state() if report else me.state.validation,
-            origin="store",
+            origin=self._origins.get((me.name, str(result.key)), "store"),
         )
         self._adopt(me, result.key)
