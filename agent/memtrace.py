@@ -85,8 +85,17 @@ def dump(folder: Path, name: str, trim: bool = False) -> None:
     os.replace(tmp, folder / f"snap-{name}.json")
 
 
+_STOP = threading.Event()
+
+
+def stop() -> None:
+    """End the watch thread and tracing (tests: no thread left polling in a process that goes on)."""
+    _STOP.set()
+    tracemalloc.stop()
+
+
 def _watch(folder: Path) -> None:
-    while True:
+    while not _STOP.is_set():
         for req in sorted(folder.glob("request-*")):
             name = req.name.removeprefix("request-")
             try:
@@ -104,5 +113,6 @@ def install_from_env() -> bool:
     folder = Path(where)
     folder.mkdir(parents=True, exist_ok=True)
     tracemalloc.start(FRAMES)
+    _STOP.clear()
     threading.Thread(target=_watch, args=(folder,), name="memtrace", daemon=True).start()
     return True

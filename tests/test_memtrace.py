@@ -30,7 +30,7 @@ def test_a_request_becomes_a_snapshot(tmp_path: Path, monkeypatch: pytest.Monkey
             assert time.monotonic() < deadline, "no snapshot written"
             time.sleep(0.1)
     finally:
-        tracemalloc.stop()
+        memtrace.stop()
     info = json.loads((tmp_path / "snap-a.json").read_text())
     assert info["name"] == "a" and info["traced_bytes"] > 0 and "memtrace" in info["threads"]
     assert info["types"]["dict"] > 0
